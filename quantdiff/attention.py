@@ -1,0 +1,247 @@
+"""The quantdiff attention backend: explicit pre-softmax logits, key tile by key tile, through a Tap.
+
+Registered in transformers' attention registry as "quantdiff" (together with a mask function — without
+it the mask silently arrives as None). Every attention module gets a `Tap` submodule
+(`module.quantdiff_tap`): forward hooks on it observe each logits tile, and its quantizers fake-quantize
+operands and logits. Memory grows with T·tile, never T², because softmax is computed online
+(flash-attention style running max and sum) across key tiles.
+
+When a tap has no hooks and no quantizer the backend takes transformers' SDPA path: same outputs, faster.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+BACKEND_NAME = "quantdiff"
+DEFAULT_TILE_SIZE = 512
+
+
+@dataclass
+class TileContext:
+    """What a tap needs to know about one logits tile of shape (B, H, rows, cols).
+
+    Rows are queries `q_start : q_start + rows` of this call, columns keys `k_start : k_start + cols`
+    (indices into the key axis, which includes any cached prefix).
+    """
+
+    layer_idx: int
+    q_start: int
+    k_start: int
+    valid: torch.Tensor  # bool, broadcastable to the tile: causal & padding
+    q_positions: torch.Tensor  # (rows,) absolute position of each query row within its sequence
+    head_map: torch.Tensor | None  # (H,) 1 or 2 for differential maps, None for standard attention
+    tensor_absmax: torch.Tensor | None = None  # (B,1,1,1) max |valid logit| over all heads and tiles
+    row_absmax: torch.Tensor | None = None  # (B,H,rows,1) max |valid logit| of each query row over all tiles
+
+
+class Tap(nn.Module):
+    """Identity on a logits tile unless a quantizer is set; forward hooks see `(logits, ctx)`."""
+
+    def __init__(self, layer_idx: int, differential: bool) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.differential = differential
+        self.tile_size: int | None = DEFAULT_TILE_SIZE  # None: one tile spanning all keys
+        self.logits_quantizer: Callable[[torch.Tensor, TileContext], torch.Tensor] | None = None
+        self.operand_quantizer: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def forward(self, logits: torch.Tensor, ctx: TileContext) -> torch.Tensor:
+        if self.logits_quantizer is None:
+            return logits
+        return self.logits_quantizer(logits, ctx)
+
+    @property
+    def needs_logits(self) -> bool:
+        """True when someone must see the explicit logits (a hook or a logits quantizer)."""
+        return bool(self._forward_hooks or self._forward_pre_hooks or self.logits_quantizer is not None)
+
+    def extra_repr(self) -> str:
+        return f"layer={self.layer_idx}, differential={self.differential}, tile_size={self.tile_size}"
+
+
+def is_differential(module: nn.Module) -> bool:
+    """DiffLlama-style attention: heads i and i + H/2 form the two maps of one differential head."""
+    return hasattr(module, "lambda_q1") and hasattr(module, "lambda_k1")
+
+
+def attach_taps(model: nn.Module) -> list[Tap]:
+    """Give every attention module of a transformers model a Tap (idempotent)."""
+    out = []
+    for module in model.modules():
+        if _is_attention_module(module):
+            if not isinstance(getattr(module, "quantdiff_tap", None), Tap):
+                module.quantdiff_tap = Tap(module.layer_idx, is_differential(module))
+            out.append(module.quantdiff_tap)
+    return out
+
+
+def taps(model: nn.Module) -> list[Tap]:
+    """The taps of a model in layer order."""
+    return sorted((m for m in model.modules() if isinstance(m, Tap)), key=lambda t: t.layer_idx)
+
+
+def set_tile_size(model: nn.Module, tile_size: int | None) -> None:
+    if tile_size is not None and tile_size < 1:
+        raise ValueError("tile size must be positive")
+    for tap in taps(model):
+        tap.tile_size = tile_size
+
+
+def _is_attention_module(module: nn.Module) -> bool:
+    # Attention modules in transformers carry their layer index and a q projection; decoder layers don't.
+    return type(module).__name__.endswith("Attention") and hasattr(module, "layer_idx") and hasattr(module, "q_proj")
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, Hkv, S, D) -> (B, Hkv·n_rep, S, D), each KV head serving n_rep consecutive query heads."""
+    if n_rep == 1:
+        return x
+    b, hkv, s, d = x.shape
+    return x[:, :, None].expand(b, hkv, n_rep, s, d).reshape(b, hkv * n_rep, s, d)
+
+
+def _is_repeat_call(module: nn.Module, query: torch.Tensor, key: torch.Tensor) -> bool:
+    """DiffLlama calls attention twice per layer with the *same* Q and K tensors (once per half of V).
+
+    Taps must see each logit once, so the second call runs the tap's quantizers without its hooks.
+    """
+    if not is_differential(module):
+        return False
+    last = getattr(module, "_quantdiff_last_qk", None)
+    if last is not None and last[0] is query and last[1] is key:
+        module._quantdiff_last_qk = None
+        return True
+    module._quantdiff_last_qk = (query, key)
+    return False
+
+
+def quantdiff_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention-function signature; returns ((B, T, H, Dv), None)."""
+    tap: Tap | None = getattr(module, "quantdiff_tap", None)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    if tap is None or (tap.operand_quantizer is None and not tap.needs_logits) or dropout > 0.0:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+    repeat = _is_repeat_call(module, query, key)
+    if tap.operand_quantizer is not None:
+        query, key = tap.operand_quantizer(query, key)
+    if not tap.needs_logits:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling, **kwargs)
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2  # additive float mask -> bool
+    return _tiled_attention(module, tap, query, key, value, attention_mask, scaling, observe=not repeat)
+
+
+def _tiled_attention(
+    module: nn.Module,
+    tap: Tap,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    observe: bool,
+) -> tuple[torch.Tensor, None]:
+    b, h, t, _ = query.shape
+    s = key.shape[2]
+    n_rep = h // key.shape[1]
+    key = repeat_kv(key, n_rep)  # (B, H, S, D)
+    value = repeat_kv(value, h // value.shape[1])  # (B, H, S, Dv)
+    tile = tap.tile_size or s
+    offset = s - t  # queries are the last t positions (a KV cache holds the first s - t)
+    device = query.device
+    q_pos_all = torch.arange(offset, s, device=device)
+    head_map = None
+    if tap.differential:
+        head_map = torch.cat([torch.ones(h // 2, dtype=torch.long), torch.full((h - h // 2,), 2, dtype=torch.long)]).to(device)
+    call_tap = tap if observe else tap.forward  # a bound forward skips hooks: the repeat call must not be counted twice
+
+    tiles = []
+    for k_start in range(0, s, tile):
+        k_stop = min(k_start + tile, s)
+        # Causal: query rows before the tile's first key see none of it (unless an explicit mask says otherwise).
+        q_first = 0 if mask is not None else max(0, k_start - offset)
+        if q_first < t:
+            tiles.append((k_start, k_stop, q_first))
+
+    def logits_of(k_start: int, k_stop: int, q_first: int) -> tuple[torch.Tensor, torch.Tensor]:
+        q = query[:, :, q_first:]
+        logits = torch.matmul(q, key[:, :, k_start:k_stop].transpose(2, 3)).float() * scaling  # (B, H, rows, cols)
+        valid = _valid_mask(mask, q_pos_all[q_first:], q_first, k_start, k_stop, device)
+        return logits, valid
+
+    tensor_absmax = row_absmax = None
+    if getattr(tap.logits_quantizer, "needs_absmax", False):
+        row_absmax = torch.zeros(b, h, t, 1, device=device)
+        for k_start, k_stop, q_first in tiles:
+            logits, valid = logits_of(k_start, k_stop, q_first)
+            tile_max = logits.abs().masked_fill(~valid, 0.0).amax(dim=-1, keepdim=True)
+            row_absmax[:, :, q_first:] = torch.maximum(row_absmax[:, :, q_first:], tile_max)
+        tensor_absmax = row_absmax.amax(dim=(1, 2, 3), keepdim=True)
+
+    # Online softmax state, float32: running max m, normaliser l, unnormalised output acc.
+    m = torch.full((b, h, t, 1), -math.inf, device=device)
+    l = torch.zeros(b, h, t, 1, device=device)
+    acc = torch.zeros(b, h, t, value.shape[-1], device=device)
+    for k_start, k_stop, q_first in tiles:
+        logits, valid = logits_of(k_start, k_stop, q_first)
+        ctx = TileContext(
+            layer_idx=tap.layer_idx,
+            q_start=q_first,
+            k_start=k_start,
+            valid=valid,
+            q_positions=q_pos_all[q_first:],
+            head_map=head_map,
+            tensor_absmax=tensor_absmax,
+            row_absmax=None if row_absmax is None else row_absmax[:, :, q_first:],
+        )
+        logits = call_tap(logits, ctx).masked_fill(~valid, -math.inf)
+        m_old = m[:, :, q_first:]
+        m_new = torch.maximum(m_old, logits.amax(dim=-1, keepdim=True))
+        safe_m = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with nothing valid yet
+        p = torch.exp(logits - safe_m)  # (B, H, rows, cols)
+        correction = torch.exp(m_old - safe_m)
+        l[:, :, q_first:] = l[:, :, q_first:] * correction + p.sum(dim=-1, keepdim=True)
+        acc[:, :, q_first:] = acc[:, :, q_first:] * correction + torch.matmul(p, value[:, :, k_start:k_stop].float())
+        m[:, :, q_first:] = m_new
+    out = acc / l.clamp_min(torch.finfo(torch.float32).tiny)  # fully masked rows (padding) give 0, not NaN
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None  # (B, T, H, Dv)
+
+
+def _valid_mask(
+    mask: torch.Tensor | None, q_pos: torch.Tensor, q_first: int, k_start: int, k_stop: int, device: torch.device
+) -> torch.Tensor:
+    if mask is not None:
+        return mask[:, :, q_first:, k_start:k_stop]  # (B|1, 1|H, rows, cols)
+    k_pos = torch.arange(k_start, k_stop, device=device)
+    return (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, rows, cols)
+
+
+def register() -> None:
+    """Make attn_implementation="quantdiff" available to every transformers model (idempotent)."""
+    AttentionInterface.register(BACKEND_NAME, quantdiff_attention_forward)
+    # sdpa_mask: a boolean mask (True = attend), or None for a plain causal pattern the backend builds per tile.
+    AttentionMaskInterface.register(BACKEND_NAME, sdpa_mask)
+
+
+def iter_attention_modules(model: nn.Module) -> Iterator[nn.Module]:
+    return (m for m in model.modules() if isinstance(getattr(m, "quantdiff_tap", None), Tap))

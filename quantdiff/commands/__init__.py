@@ -1,0 +1,1 @@
+"""One module per CLI command; each holds a typer-annotated function and imports heavy modules lazily."""

@@ -20,6 +20,7 @@ COMMANDS = [
     ("quantize", "quantize", "quantize"),
     ("train", "train", "train"),
     ("reproduce", "reproduce", "reproduce"),
+    ("info", "info", "info"),
     ("pair", "pair", "pair"),
 ]
 

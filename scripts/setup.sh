@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Creates .venv in the repository root and installs quantdiff with its extras.
-# torch is installed FIRST with an exact pin: bitsandbytes (or any unpinned torch requirement)
-# installed into an empty venv pulls a multi-GB CUDA build of torch.
+# Creates .venv in the repository root and installs quantdiff with its extras, then the corpus.
+# torch is installed FIRST with an exact pin: bitsandbytes (or any unpinned torch requirement) installed into an
+# empty venv pulls a multi-GB CUDA build of torch. Re-running is cheap: a stamp skips a finished install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stamp=.venv/.quantdiff-installed
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then exit 0; fi
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,eval]"
-# The corpus (public-domain Jane Austen novels) comes from Debian; it is read at run time, never committed.
-if [ ! -f /usr/lib/R/site-library/janeaustenr/R/sysdata.rdb ] && [ ! -d "${QUANTDIFF_CORPUS_DIR:-$HOME/.cache/quantdiff/corpus}/janeaustenr" ]; then
-  .venv/bin/python -m quantdiff.corpus --install || echo "warning: corpus not installed; corpus tasks will explain how" >&2
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  python3 -m venv .venv
+  # pip's 'Location ... is ignored' lines are noise from this machine's local index mirrors.
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install -q -e ".[dev,eval]" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c "import torch, transformers, bitsandbytes, quantdiff" # fail here, not later, if an install broke
+  touch "$stamp"
 fi
-touch "$stamp"
+# The corpus (public-domain Jane Austen novels, Debian package r-cran-janeaustenr) is read at run time, never
+# committed; without it the corpus-based tasks say how to install it and the synthetic ones still run.
+.venv/bin/python -m quantdiff.corpus --install || echo "warning: corpus not installed; corpus-based tasks will explain how" >&2

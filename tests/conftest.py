@@ -1,0 +1,28 @@
+"""Shared fixtures: tiny seeded models of each supported architecture."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture
+def tiny_preset():
+    from quantdiff.pairs import SizePreset
+
+    # Grouped-query attention (4 query heads, 2 KV heads) so the GQA path is exercised everywhere.
+    return SizePreset(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=97, max_position_embeddings=128)
+
+
+@pytest.fixture
+def tiny_pair(tiny_preset):
+    from quantdiff.pairs import build_pair
+
+    return {kind: model.eval() for kind, model in build_pair(tiny_preset, seed=0, attn_implementation="eager").items()}

@@ -1,0 +1,189 @@
+"""Pure quantizers against their defining equations and naive loop implementations."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quantdiff.errors import ConfigError
+from quantdiff.quant import (
+    PerColumn,
+    PerRow,
+    PerTensor,
+    absmax_quantize,
+    llm_int8_matmul,
+    outlier_features,
+    qmax,
+    vectorwise_quantize,
+)
+
+GRANULARITIES = [PerTensor(), PerRow(), PerColumn()]
+FLOATS = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False, width=32)
+
+
+@st.composite
+def matrices(draw, max_side: int = 9) -> torch.Tensor:
+    rows, cols = draw(st.integers(1, max_side)), draw(st.integers(1, max_side))
+    values = draw(st.lists(FLOATS, min_size=rows * cols, max_size=rows * cols))
+    return torch.tensor(values, dtype=torch.float32).view(rows, cols)
+
+
+def naive_scale(x: torch.Tensor, granularity, bits: int) -> torch.Tensor:
+    """The scale each entry of a 2-d x gets, from loops: max|x| / (2^(b-1) - 1) over its group."""
+    rows, cols = x.shape
+    scale = torch.empty_like(x)
+    for i in range(rows):
+        for j in range(cols):
+            if isinstance(granularity, PerTensor):
+                group = x
+            elif isinstance(granularity, PerRow):
+                group = x[i]
+            else:
+                group = x[:, j]
+            scale[i, j] = group.abs().max() / (2 ** (bits - 1) - 1)
+    return scale
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=matrices(), bits=st.integers(2, 16), g=st.sampled_from(GRANULARITIES))
+def test_absmax_error_bound_code_range_and_scale(x, bits, g):
+    r = absmax_quantize(x, bits, g)
+    scale = naive_scale(x, g, bits)
+    torch.testing.assert_close(r.scale.expand_as(x), scale, rtol=1e-6, atol=0)
+    err = (r.dequant - x).abs()
+    bound = scale / 2 + 1e-6 * x.abs() + 1e-30
+    assert (err <= bound).all(), f"max excess {(err - bound).max()}"
+    assert r.codes.dtype == (torch.int8 if bits <= 8 else torch.int16)
+    assert r.codes.abs().max() <= qmax(bits)
+    torch.testing.assert_close(r.dequant, r.codes.float() * r.scale, rtol=0, atol=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=matrices(), bits=st.integers(2, 16), g=st.sampled_from(GRANULARITIES))
+def test_absmax_idempotent(x, bits, g):
+    once = absmax_quantize(x, bits, g)
+    twice = absmax_quantize(once.dequant, bits, g)
+    assert torch.equal(twice.codes, once.codes)
+    torch.testing.assert_close(twice.dequant, once.dequant, rtol=5e-7, atol=0)  # the rescale may move an ulp or two
+
+
+@settings(max_examples=40, deadline=None)
+@given(x=matrices(), bits=st.integers(2, 16), seed=st.integers(0, 2**16))
+def test_mask_entries_pass_through_and_do_not_set_scale(x, bits, seed):
+    mask = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)) < 0.6
+    poisoned = x.masked_fill(~mask, 1e30)  # must neither set the scale nor be quantized
+    r = absmax_quantize(poisoned, bits, PerTensor(), mask=mask)
+    expect_scale = x[mask].abs().max() / qmax(bits) if mask.any() else torch.tensor(0.0)
+    torch.testing.assert_close(r.scale.view(()), expect_scale, rtol=1e-6, atol=0)
+    assert torch.equal(r.dequant[~mask], poisoned[~mask])
+    assert (r.codes[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("g", GRANULARITIES, ids=lambda g: type(g).__name__)
+def test_zero_tensor_gives_zero_codes_without_nan(g):
+    r = absmax_quantize(torch.zeros(3, 4), 8, g)
+    assert torch.equal(r.dequant, torch.zeros(3, 4)) and not r.codes.any() and not r.scale.any()
+
+
+def test_zero_row_next_to_nonzero_rows():
+    x = torch.tensor([[0.0, 0.0], [7.0, -3.0]])
+    r = absmax_quantize(x, 4, PerRow())  # row 1: scale 7 / 7 = 1
+    assert torch.equal(r.dequant[0], torch.zeros(2)) and torch.equal(r.dequant[1], x[1])  # ±absmax is on the grid
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["dtype=fp16", "dtype=bf16"])
+def test_half_inputs_are_computed_in_float32(dtype):
+    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(0)).to(dtype)
+    r = absmax_quantize(x, 6, PerRow())
+    ref = absmax_quantize(x.float(), 6, PerRow())
+    assert r.dequant.dtype == dtype
+    assert torch.equal(r.codes, ref.codes)
+    assert torch.equal(r.dequant, ref.dequant.to(dtype))
+
+
+def test_batch_dims_give_one_scale_per_sequence():
+    x = torch.randn(2, 5, 7, generator=torch.Generator().manual_seed(1))
+    x[1] *= 100  # a loud sequence must not coarsen the other one's grid
+    batched = absmax_quantize(x, 4, PerTensor(), batch_dims=1)
+    alone = absmax_quantize(x[0], 4, PerTensor())
+    assert torch.equal(batched.dequant[0], alone.dequant)
+
+
+@pytest.mark.parametrize("bits", [1, 17, 0, 8.0, True, "8"], ids=lambda b: f"bits={b!r}")
+def test_bad_bits_raise_config_error(bits):
+    with pytest.raises(ConfigError, match="bits"):
+        absmax_quantize(torch.ones(2, 2), bits)
+
+
+# ---- LLM.int8 -----------------------------------------------------------------------------------------------
+
+
+def naive_llm_int8(a: torch.Tensor, w: torch.Tensor, bits: int, threshold: float):
+    """LLM.int8 written out from the paper + bitsandbytes, with loops: (outlier cols, product)."""
+    q = 2 ** (bits - 1) - 1
+    n, k = a.shape
+    cols = [j for j in range(k) if any(abs(float(a[i, j])) >= threshold for i in range(n))]
+    y = torch.zeros(n, w.shape[0], dtype=torch.float64)
+    w_absmax = w.abs().amax(dim=1).double()
+    w_codes = torch.round(w.double() * q / w_absmax[:, None])
+    for i in range(n):
+        small = [abs(float(v)) for v in a[i] if abs(float(v)) < threshold]
+        a_absmax = max(small, default=0.0)
+        for j in range(k):
+            if j in cols:  # outlier feature: exact activation times dequantized weight column
+                y[i] += float(a[i, j]) * w_codes[:, j] * w_absmax / q
+            elif a_absmax > 0:
+                code = torch.round(torch.tensor(float(a[i, j]) * q / a_absmax, dtype=torch.float32))
+                y[i] += float(code) * (a_absmax / q) * w_codes[:, j] * w_absmax / q
+    return cols, y
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), bits=st.integers(2, 16), n=st.integers(1, 6), k=st.integers(1, 8))
+def test_llm_int8_matches_naive_loops(seed, bits, n, k):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, k, generator=g) * 4  # |a| ≥ 6 occurs in a few percent of entries
+    w = torch.randn(3, k, generator=g)
+    r = llm_int8_matmul(a, w, bits=bits, threshold=6.0)
+    cols, y = naive_llm_int8(a, w, bits, 6.0)
+    assert r.outlier_cols.tolist() == cols
+    assert torch.equal(r.a.dequant[:, cols], a[:, cols])  # outlier features are exact
+    assert not r.a.codes[:, cols].any()
+    torch.testing.assert_close(r.product.double(), y, rtol=1e-5, atol=1e-5)
+
+
+def test_llm_int8_row_absmax_ignores_outlier_entries_only():
+    # bitsandbytes' rule: the outlier entry is zeroed before the row absmax, its column's other entries still count.
+    a = torch.tensor([[10.0, 1.0, 2.0], [5.0, 1.0, 0.5]])
+    r = vectorwise_quantize(a, 8, threshold=6.0)
+    assert r.outliers.tolist() == [[True, False, False]]
+    assert r.row_absmax.tolist() == [2.0, 5.0]
+
+
+def test_llm_int8_all_outliers_is_exact():
+    a = torch.full((3, 4), 7.0) * torch.tensor([1.0, -1.0, 2.0, 1.5])
+    w = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
+    r = llm_int8_matmul(a, w)
+    assert r.a.outliers.all() and not r.a.codes.any()
+    torch.testing.assert_close(r.product, a @ r.weight.dequant.T, rtol=0, atol=0)
+
+
+def test_llm_int8_keeps_batch_shape_and_dtype():
+    a = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    w = torch.randn(4, 8, generator=torch.Generator().manual_seed(4))
+    r = llm_int8_matmul(a, w, bits=4)
+    assert r.product.shape == (2, 3, 4) and r.product.dtype == torch.bfloat16
+    flat = llm_int8_matmul(a.reshape(6, 8), w, bits=4)  # outlier columns are found over all rows, as bnb does
+    assert torch.equal(r.product.reshape(6, 4), flat.product)
+
+
+def test_outlier_features_per_leading_index():
+    x = torch.zeros(2, 3, 4)
+    x[1, 2, 3] = 6.0
+    assert outlier_features(x, 6.0).squeeze(1).tolist() == [[False] * 4, [False, False, False, True]]
+    assert not outlier_features(x, 0.0).any()
+
+
+def test_weight_shape_mismatch_is_a_config_error():
+    with pytest.raises(ConfigError, match="does not fit"):
+        llm_int8_matmul(torch.ones(2, 3), torch.ones(4, 5))

@@ -1,0 +1,83 @@
+"""A HellaSwag-format cloze set cut from the corpus' held-out text: which sentence comes next?
+
+Each item's `ctx` is up to two consecutive sentences of a held-out paragraph, and its endings are the
+sentence that really follows plus three distractor sentences from other held-out paragraphs, of similar
+length (so neither `acc` nor `acc_norm` can win on length alone). Deterministic: the same corpus and seed
+give the same items. Built at run time and cached under the user's cache directory (corpus-derived text is
+never committed; see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+
+from . import corpus
+from .errors import DataError
+from .tasks.choice import ChoiceItem, read_jsonl, write_jsonl
+
+N_ENDINGS = 4
+CONTEXT_SENTENCES = 2
+ENDING_CHARS = (30, 200)  # endings shorter than this say too little, longer ones dominate the item
+MIN_CONTEXT_CHARS = 40
+LENGTH_RATIO = 2.0  # distractors are within this factor of the true ending's length
+FORMAT_VERSION = 1  # bump when the construction changes: cached files are keyed by it
+_ABBREVIATION = re.compile(r"\b(Mr|Mrs|Dr|St|Messrs)\.$")
+
+
+def paragraph_sentences(paragraph: str) -> list[str]:
+    """corpus.sentences, re-joined after titles such as "Mr." that end no sentence."""
+    merged: list[str] = []
+    for piece in corpus.sentences(paragraph):
+        if merged and _ABBREVIATION.search(merged[-1]):
+            merged[-1] += " " + piece
+        else:
+            merged.append(piece)
+    return merged
+
+
+def _fits(sentence: str) -> bool:
+    return ENDING_CHARS[0] <= len(sentence) <= ENDING_CHARS[1]
+
+
+def build_cloze_set(text: str, n_items: int, seed: int = 0) -> list[ChoiceItem]:
+    """`n_items` items from `text` (paragraphs separated by newlines); DataError if it has too few."""
+    paragraphs = [paragraph_sentences(p) for p in text.split("\n") if p.strip()]
+    pool = [(p, s) for p, sents in enumerate(paragraphs) for s in sents if _fits(s)]
+    candidates = [
+        (p, i)
+        for p, sents in enumerate(paragraphs)
+        for i in range(1, len(sents))
+        if _fits(sents[i]) and len(" ".join(sents[max(0, i - CONTEXT_SENTENCES) : i])) >= MIN_CONTEXT_CHARS
+    ]
+    rng = random.Random(seed)
+    rng.shuffle(candidates)
+    items = []
+    for p, i in candidates:
+        if len(items) == n_items:
+            break
+        true = paragraphs[p][i]
+        similar = [s for q, s in pool if q != p and s != true and 1 / LENGTH_RATIO <= len(s) / len(true) <= LENGTH_RATIO]
+        if len(set(similar)) < N_ENDINGS - 1:
+            continue
+        endings = rng.sample(sorted(set(similar)), N_ENDINGS - 1)
+        label = rng.randrange(N_ENDINGS)
+        endings.insert(label, true)
+        ctx = " ".join(paragraphs[p][max(0, i - CONTEXT_SENTENCES) : i])
+        items.append(ChoiceItem(ctx, tuple(endings), label))
+    if len(items) < n_items:
+        raise DataError(f"the held-out text yields only {len(items)} cloze items, {n_items} requested")
+    return items
+
+
+def cloze_set(n_items: int = 200, seed: int = 0) -> list[ChoiceItem]:
+    """The held-out cloze set, read from the cache or built (and cached) on first use."""
+    text = corpus.held_out_text()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = corpus.cache_dir() / "cloze" / f"cloze-v{FORMAT_VERSION}-{digest}-seed{seed}-n{n_items}.jsonl"
+    if path.is_file():
+        return read_jsonl(path)
+    items = build_cloze_set(text, n_items, seed)
+    write_jsonl(items, path)
+    return items

@@ -1,0 +1,207 @@
+"""Multi-needle retrieval: exact-match accuracy, and the paper's attention to answer vs attention noise.
+
+Documents come from `retrieval_data` (key → value needles in held-out filler, a final query for one key).
+- `accuracy`: greedy decoding of as many tokens as the answer has gives exactly the answer's tokens. Each step
+  recomputes the whole sequence (no KV cache), so dynamic quantization always sees every logit so far, as a
+  fresh forward pass would.
+- `attention_to_answer` / `attention_noise` (Table 3 of arXiv 2410.05258): teacher-forced on the true
+  answer, for each query row that predicts an answer token, the attention mass on the needle's value tokens
+  (answer span A) and on the rest of the prompt (noise N; earlier answer tokens count in neither), averaged
+  over answer tokens, heads and layers, then over documents. For a differential head the map is
+  (A1 − λ·A2) / (1 − λ), λ the layer's λ. The maps are the softmax of the logits *as the taps output them*,
+  so a quantization applied to the logits shows in the scores.
+"""
+
+from __future__ import annotations
+
+import random
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from .. import attention
+from ..errors import DataError
+from .choice import encode_pair
+from .retrieval_data import Filler, NeedleExample, make_needle_example
+from .scoring import Progress, left_pad, model_device, next_token_logits
+
+
+@dataclass(frozen=True)
+class NeedleItem:
+    prompt_ids: list[int]
+    answer_ids: list[int]
+    answer_positions: list[int]  # indices into prompt_ids of the tokens covering the answer span
+
+
+@dataclass(frozen=True)
+class PreparedRetrieval:
+    items: list[NeedleItem]
+
+    def __len__(self) -> int:  # progress units: documents (counted once per pass)
+        return len(self.items)
+
+
+def encode_example(tokenizer, example: NeedleExample) -> NeedleItem:
+    """Token ids of prompt and answer, and which prompt tokens overlap the answer span (by char offsets)."""
+    prompt_ids, answer_ids = encode_pair(tokenizer, example.prompt, example.answer)
+    offsets = tokenizer(example.prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    if len(offsets) != len(prompt_ids):
+        raise DataError("the tokenizer splits the prompt differently on its own: cannot locate the answer span")
+    start, end = example.answer_span
+    positions = [i for i, (a, b) in enumerate(offsets) if a < end and b > start]
+    return NeedleItem(prompt_ids, answer_ids, positions)
+
+
+@torch.no_grad()
+def greedy_generate(model: nn.Module, prompts: list[list[int]], n_tokens: int) -> list[list[int]]:
+    """`n_tokens` greedy tokens after each prompt, recomputing the full sequence at every step."""
+    seqs = [list(p) for p in prompts]
+    for _ in range(n_tokens):
+        logits = next_token_logits(model, seqs)[:, -1]  # (B, V): left padding puts every last token at -1
+        for seq, token in zip(seqs, logits.argmax(dim=-1).tolist()):
+            seq.append(token)
+    return [seq[len(p) :] for seq, p in zip(seqs, prompts)]
+
+
+def exact_matches(model: nn.Module, items: list[NeedleItem], batch_size: int = 8, progress: Progress | None = None) -> list[bool]:
+    out = []
+    for start in range(0, len(items), batch_size):
+        batch = items[start : start + batch_size]
+        generated = greedy_generate(model, [it.prompt_ids for it in batch], max(len(it.answer_ids) for it in batch))
+        out.extend(gen[: len(it.answer_ids)] == it.answer_ids for gen, it in zip(generated, batch))
+        if progress is not None:
+            progress(len(batch))
+    return out
+
+
+def differential_lambda(module: nn.Module) -> float:
+    """λ = exp(λq1·λk1) − exp(λq2·λk2) + λinit, as DiffLlama (and the paper) computes it per layer."""
+    dot = lambda q, k: torch.sum(q.float() * k.float())  # noqa: E731
+    return float(torch.exp(dot(module.lambda_q1, module.lambda_k1)) - torch.exp(dot(module.lambda_q2, module.lambda_k2)) + module.lambda_init)
+
+
+@contextmanager
+def captured_attention(model: nn.Module, rows: int) -> Iterator[list[torch.Tensor]]:
+    """Collect, per layer, the attention maps (B, heads, rows, S) of the last `rows` query rows.
+
+    Differential layers yield their combined (A1 − λA2)/(1 − λ) maps (H/2 heads). One key tile spans all keys
+    while capturing, so each hook call sees whole rows; tile sizes are restored afterwards.
+    """
+    maps: list[torch.Tensor] = []
+    modules = list(attention.iter_attention_modules(model))
+    if not modules:
+        raise DataError("attention scores need a model loaded with quantdiff (no attention taps found)")
+    tile_sizes = [m.quantdiff_tap.tile_size for m in modules]
+
+    def hook_for(module: nn.Module):
+        lam = differential_lambda(module) if attention.is_differential(module) else None
+
+        def hook(tap: attention.Tap, args: tuple, logits: torch.Tensor) -> None:
+            ctx = args[1]
+            valid = ctx.valid.expand_as(logits)[:, :, -rows:]
+            probs = torch.softmax(logits[:, :, -rows:].float().masked_fill(~valid, float("-inf")), dim=-1)
+            probs = probs.nan_to_num(0.0)  # padding rows attend to nothing
+            if lam is not None:
+                a1, a2 = probs.chunk(2, dim=1)  # (B, H/2, rows, S) each: head i pairs with head i + H/2
+                probs = (a1 - lam * a2) / (1 - lam)
+            maps.append(probs)
+
+        return hook
+
+    handles = [m.quantdiff_tap.register_forward_hook(hook_for(m)) for m in modules]
+    for m in modules:
+        m.quantdiff_tap.tile_size = None
+    try:
+        yield maps
+    finally:
+        for handle in handles:
+            handle.remove()
+        for m, size in zip(modules, tile_sizes):
+            m.quantdiff_tap.tile_size = size
+
+
+@torch.no_grad()
+def answer_attention(model: nn.Module, items: list[NeedleItem], batch_size: int = 8, progress: Progress | None = None) -> tuple[float, float]:
+    """(mean attention to answer, mean attention noise) over documents; see the module docstring."""
+    answer_scores, noise_scores = [], []
+    for start in range(0, len(items), batch_size):
+        batch = items[start : start + batch_size]
+        inputs = [it.prompt_ids + it.answer_ids[:-1] for it in batch]
+        rows = max(len(it.answer_ids) for it in batch)
+        ids, mask, positions = left_pad(inputs, model_device(model))
+        with captured_attention(model, rows) as maps:
+            model(input_ids=ids, attention_mask=mask, position_ids=positions)
+        width = ids.shape[1]
+        for b, (it, seq) in enumerate(zip(batch, inputs)):
+            first = width - len(seq)  # column of the sequence's first token
+            answer = torch.zeros(width, dtype=torch.bool)
+            answer[[first + p for p in it.answer_positions]] = True
+            noise = torch.zeros(width, dtype=torch.bool)
+            noise[first : first + len(it.prompt_ids)] = True
+            noise &= ~answer
+            # (layers, heads, n_answer, S): the rows predicting this document's answer tokens
+            a = torch.stack([m[b, :, rows - len(it.answer_ids) :] for m in maps]).cpu()
+            answer_scores.append(a[..., answer].sum(-1).mean().item())
+            noise_scores.append(a[..., noise].sum(-1).mean().item())
+        if progress is not None:
+            progress(len(batch))
+    return sum(answer_scores) / len(answer_scores), sum(noise_scores) / len(noise_scores)
+
+
+@dataclass
+class RetrievalTask:
+    """`depth`: where needles sit in the filler (0 = start, 1 = end); None = a random depth per needle.
+    `filler_path`: a UTF-8 text file for the filler; None = the corpus' held-out split."""
+
+    context_tokens: int = 256
+    n_needles: int = 2
+    depth: float | None = None
+    examples: int = 50
+    seed: int = 0
+    filler_path: Path | None = None
+    batch_size: int = 8
+    name: str = "retrieval"
+    metrics: tuple[str, ...] = ("accuracy", "attention_to_answer", "attention_noise")
+
+    def load_filler_text(self) -> str:
+        if self.filler_path is None:
+            from ..corpus import held_out_text
+
+            return held_out_text()
+        try:
+            return Path(self.filler_path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DataError(f"cannot read {self.filler_path}: {exc}") from None
+
+    def make_examples(self, tokenizer, limit: int | None = None) -> list[NeedleExample]:
+        if self.depth is not None and not 0.0 <= self.depth <= 1.0:
+            raise DataError(f"needle depth must be in [0, 1], got {self.depth}")
+        filler = Filler.from_tokenizer(self.load_filler_text(), tokenizer)
+        rng = random.Random(self.seed)
+        n = self.examples if limit is None else min(limit, self.examples)
+        return [
+            make_needle_example(rng, filler, self.context_tokens, self.n_needles, self._depths(rng)) for _ in range(n)
+        ]
+
+    def _depths(self, rng: random.Random) -> list[float]:
+        if self.depth is None:
+            return [rng.random() for _ in range(self.n_needles)]
+        return [self.depth] * self.n_needles
+
+    def prepare(self, tokenizer, limit: int | None = None) -> PreparedRetrieval:
+        return PreparedRetrieval([encode_example(tokenizer, ex) for ex in self.make_examples(tokenizer, limit)])
+
+    def evaluate(self, model: nn.Module, prepared: PreparedRetrieval, progress: Progress | None = None) -> dict[str, float]:
+        half = (lambda n: progress(n / 2)) if progress is not None else None  # two passes over the documents
+        matches = exact_matches(model, prepared.items, self.batch_size, half)
+        to_answer, noise = answer_attention(model, prepared.items, self.batch_size, half)
+        return {
+            "accuracy": sum(matches) / len(matches),
+            "attention_to_answer": to_answer,
+            "attention_noise": noise,
+            "examples": len(matches),
+        }

@@ -1,0 +1,1 @@
+"""Evaluation tasks and the synthetic documents they are built from (one file per task)."""

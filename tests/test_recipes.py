@@ -1,0 +1,91 @@
+"""Recipe parsing: shipped recipes parse, bad ones fail with one line naming the problem, nothing trained."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantdiff import cli, corpus
+from quantdiff.errors import ConfigError, DataError
+from quantdiff.pairs import SizePreset
+from quantdiff.recipes import REPO_RECIPES, load_recipe, parse_recipe
+
+GOOD = """
+[model]
+hidden_size = 64
+num_layers = 2
+num_heads = 4
+vocab_size = 300
+max_position_embeddings = 64
+[train]
+steps = 4
+batch_size = 2
+seq_len = 32
+lr = 1
+"""
+
+
+def test_shipped_recipes_parse():
+    tiny, gpu = load_recipe("tiny"), load_recipe(REPO_RECIPES / "gpu.toml")
+    assert tiny.name == "tiny" and gpu.name == "gpu"
+    assert tiny.train.device == "cpu" and tiny.train.dtype == "float32"
+    assert gpu.train.dtype == "bf16" and gpu.train.device == "auto"
+    assert gpu.train.tokens == gpu.train.steps * gpu.train.batch_size * gpu.train.seq_len
+    assert gpu.model.hidden_size > tiny.model.hidden_size
+    assert tiny.source == (REPO_RECIPES / "tiny.toml").read_text()
+
+
+def test_sections_become_dataclasses_with_defaults():
+    recipe = parse_recipe(GOOD, "t")
+    assert recipe.model == SizePreset(hidden_size=64, num_layers=2, num_heads=4, vocab_size=300, max_position_embeddings=64)
+    assert recipe.train.lr == 1 and recipe.train.steps == 4
+    assert recipe.analysis.bits == [16, 8, 6, 4]
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (("[train]", "[train]\nstepz = 3"), "unknown key 'stepz' in \\[train\\]"),
+        (("[model]", "[model]\nhidden_sise = 3"), "hidden_sise"),
+        (("[model]", "[optimizer]\nlr = 1\n[model]"), "unknown section \\[optimizer\\]"),
+        (("hidden_size = 64", "hidden_size = 66"), "does not divide hidden_size=66"),
+        (("num_heads = 4", "num_heads = 4\nnum_kv_heads = 1"), "num_kv_heads=1 is odd"),
+        (("steps = 4", "steps = 4.5"), "steps must be a int"),
+        (("steps = 4", "steps = 4\ndtype = 'fp8'"), "dtype must be one of"),
+        (("seq_len = 32", "seq_len = 128"), "exceeds max_position_embeddings"),
+        (("num_layers = 2", "num_layers = 'two'"), "num_layers must be a number"),
+    ],
+    ids=["unknown-key", "unknown-model-key", "unknown-section", "heads-not-dividing", "odd-kv-heads", "float-steps", "dtype", "seq-too-long", "string-size"],
+)
+def test_bad_recipes_are_rejected_by_name(edit, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_recipe(GOOD.replace(*edit), "bad")
+
+
+def test_unknown_recipe_name():
+    with pytest.raises(ConfigError, match="no recipe 'nonesuch'"):
+        load_recipe("nonesuch")
+
+
+def test_cli_bad_recipe_is_one_line_and_trains_nothing(tmp_path, capsys):
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text(GOOD.replace("[train]", "[train]\nbatch = 3"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", str(recipe), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code != 0
+    assert err.count("\n") == 0 and "unknown key 'batch'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_corpus_is_a_data_error_before_training(tmp_path, monkeypatch):
+    from quantdiff.train import train_pair
+
+    monkeypatch.setenv("QUANTDIFF_CORPUS_DIR", str(tmp_path / "none"))
+    monkeypatch.setattr(corpus, "SYSTEM_ROOT", tmp_path)
+    corpus.read_novels.cache_clear()
+    try:
+        with pytest.raises(DataError, match="--install"):
+            train_pair(parse_recipe(GOOD, "t"), tmp_path / "out")
+    finally:
+        corpus.read_novels.cache_clear()
+    assert not (tmp_path / "out").exists()

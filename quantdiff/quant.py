@@ -90,13 +90,15 @@ def quantize_with_absmax(x: torch.Tensor, amax: torch.Tensor, bits: int, mask: t
     xf = x.float()
     amax = amax.float()
     inv = torch.where(amax > 0, q / amax, torch.zeros_like(amax))  # bitsandbytes multiplies by 127 / absmax
-    codes = torch.round(xf * inv).clamp_(-q, q)
     scale = amax / q
-    dequant = codes * scale
+    # One float buffer, updated in place: fresh tensors of logits size cost more than the arithmetic.
+    grid = (xf * inv).round_().clamp_(-q, q)
+    codes = grid.to(code_dtype(bits))
+    dequant = grid.mul_(scale)
     if mask is not None:
-        codes = codes.masked_fill(~mask, 0.0)
-        dequant = torch.where(mask, dequant, xf)
-    return QuantResult(codes.to(code_dtype(bits)), scale, dequant.to(x.dtype))
+        codes.masked_fill_(~mask, 0)
+        dequant = torch.where(mask, dequant, xf, out=dequant)
+    return QuantResult(codes, scale, dequant.to(x.dtype))
 
 
 def absmax_quantize(

@@ -172,6 +172,8 @@ class AbsStats:
         if rows.numel() == 0:
             return
         if locate is None:
+            if len(self.location_names) != 3:
+                raise ValueError("pass locate() unless locations are (row, group, flat)")
             locations = torch.stack([rows, cols + group_start, flat], dim=1)
         else:
             locations = locate(rows, cols, flat)

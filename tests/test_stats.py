@@ -1,0 +1,187 @@
+"""Statistic objects against naive references: torch.topk/quantile/moments, exact merging, round trips."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from quantdiff.stats import (
+    N_BINS,
+    QUANTILE_RELATIVE_ERROR,
+    AbsStats,
+    ChannelStats,
+    ModelStats,
+    quantile_values,
+)
+
+LOC = ("row", "group", "flat")
+
+
+def _heavy_tailed(shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # Student-t-like: normal / sqrt(chi2) gives outliers over many octaves
+    return torch.randn(shape, generator=g) / torch.rand(shape, generator=g).clamp_min(1e-3) ** 0.5
+
+
+def _fill(stats: AbsStats, x: torch.Tensor, valid: torch.Tensor | None, splits) -> AbsStats:
+    """Feed x (A, G, M) in row chunks; locations are (row, group, flat) in x's own coordinates."""
+    start = 0
+    for stop in [*splits, x.shape[0]]:
+        chunk_valid = None if valid is None else valid[start:stop]
+        offset = start
+        stats.update(x[start:stop], 0, chunk_valid, lambda a, g, m, o=offset: torch.stack([a + o, g, m], dim=1))
+        start = stop
+    return stats
+
+
+def _reference_entries(x, valid, group):
+    """(|value|, row, flat) of observed finite entries of one group, sorted by |value| desc then location asc."""
+    a = x[:, group].abs()
+    keep = torch.isfinite(a) if valid is None else torch.isfinite(a) & valid[:, 0].expand_as(a)
+    rows, flat = keep.nonzero(as_tuple=True)
+    entries = sorted(zip(a[rows, flat].tolist(), rows.tolist(), flat.tolist()), key=lambda e: (-e[0], e[1], e[2]))
+    return entries
+
+
+@pytest.mark.parametrize("splits", [(), (1,), (2, 3)], ids=["whole", "halves", "thirds"])
+def test_topk_quantiles_moments_match_naive(splits):
+    x = _heavy_tailed((5, 3, 400)) * 7.0  # (A, G, M)
+    valid = torch.rand(5, 1, 400, generator=torch.Generator().manual_seed(1)) > 0.25
+    stats = _fill(AbsStats.empty(3, 50, LOC), x, valid, splits)
+    for g in range(3):
+        values = x[:, g][valid[:, 0]].double()
+        ref = _reference_entries(x, valid, g)[:50]
+        summary = stats.pooled([g]).summary(quantiles=(0.5, 0.9, 0.99))
+        assert [e["value"] for e in summary["topk"]] == [v for v, _, _ in ref]
+        assert [(e["row"], e["flat"]) for e in summary["topk"]] == [(r, f) for _, r, f in ref]
+        assert summary["count"] == values.numel()
+        for q in (0.5, 0.9, 0.99):
+            exact = torch.quantile(values.abs(), q, interpolation="lower").item()
+            got = summary["quantiles"][f"{q:g}"]
+            assert abs(got - exact) <= QUANTILE_RELATIVE_ERROR * exact, f"q={q}: {got} vs {exact}"
+        assert summary["median"] == summary["quantiles"]["0.5"]
+        assert abs(summary["median"] - values.abs().median().item()) <= QUANTILE_RELATIVE_ERROR * values.abs().median().item()
+        mean, std = values.mean().item(), values.std(unbiased=False).item()
+        kurt = (((values - mean) / std) ** 4).mean().item()
+        assert summary["mean"] == pytest.approx(mean, rel=1e-5, abs=1e-6)
+        assert summary["std"] == pytest.approx(std, rel=1e-5)
+        assert summary["kurtosis"] == pytest.approx(kurt, rel=1e-4)
+
+
+def test_ties_resolve_by_location_whatever_the_split():
+    """Integer-valued data: thousands of ties; the kept locations are the smallest ones, in every split."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(-6, 7, (6, 2, 300), generator=g).float()
+    whole = _fill(AbsStats.empty(2, 40, LOC), x, None, ())
+    for splits in [(1,), (3,), (1, 2, 4, 5)]:
+        parts = _fill(AbsStats.empty(2, 40, LOC), x, None, splits)
+        assert torch.equal(parts.top_values, whole.top_values)
+        assert torch.equal(parts.top_locations, whole.top_locations)
+    for group in range(2):
+        ref = _reference_entries(x, None, group)[:40]
+        assert whole.top_locations[group, :, 0].tolist() == [r for _, r, _ in ref]
+        assert whole.top_locations[group, :, 2].tolist() == [f for _, _, f in ref]
+
+
+def test_merge_of_halves_is_exactly_the_whole():
+    x = _heavy_tailed((8, 4, 256), seed=3)
+    valid = torch.rand(8, 1, 256, generator=torch.Generator().manual_seed(4)) > 0.5
+    whole = _fill(AbsStats.empty(4, 30, LOC), x, valid, (2, 5))
+    first = _fill(AbsStats.empty(4, 30, LOC), x[:3], valid[:3], ())
+    second = AbsStats.empty(4, 30, LOC)
+    second.update(x[3:], 0, valid[3:], lambda a, g, m: torch.stack([a + 3, g, m], dim=1))
+    merged = first.merge(second)
+    for name in ("count", "nan", "inf", "hist", "top_values", "top_locations"):
+        assert torch.equal(getattr(merged, name), getattr(whole, name)), name
+    assert torch.allclose(merged.power_sums, whole.power_sums, rtol=1e-12)
+    assert merged.pooled().summary() == whole.pooled().summary()
+
+
+def test_to_dict_round_trip_is_exact_through_json():
+    x = _heavy_tailed((3, 2, 100), seed=5)
+    stats = _fill(AbsStats.empty(2, 20, LOC), x, None, (1,))
+    back = AbsStats.from_dict(json.loads(json.dumps(stats.to_dict())))
+    for name in ("count", "nan", "inf", "power_sums", "hist", "top_values", "top_locations"):
+        assert torch.equal(getattr(back, name), getattr(stats, name)), name
+    assert back.location_names == stats.location_names
+
+
+def test_nonfinite_values_are_counted_and_never_enter_topk():
+    x = _heavy_tailed((2, 1, 500), seed=6)
+    x[0, 0, 7] = float("nan")
+    x[1, 0, 9] = float("inf")
+    x[1, 0, 10] = -float("inf")
+    x[0, 0, 11] = float("nan")
+    stats = _fill(AbsStats.empty(1, 10, LOC), x, None, (1,))
+    summary = stats.pooled().summary()
+    finite = x[torch.isfinite(x)]
+    assert summary["nonfinite"] == {"nan": 2, "inf": 2}
+    assert summary["count"] == finite.numel() == int(stats.hist.sum())
+    assert [e["value"] for e in summary["topk"]] == finite.abs().topk(10).values.tolist()
+    assert summary["mean"] == pytest.approx(finite.double().mean().item(), rel=1e-5)
+    assert math.isfinite(summary["kurtosis"])
+
+
+def test_masked_entries_never_count_even_when_largest():
+    x = _heavy_tailed((2, 2, 64), seed=7)
+    valid = torch.ones(2, 1, 64, dtype=torch.bool)
+    valid[:, :, 40:] = False
+    x[:, :, 40:] = 1e6  # the largest entries, all masked
+    summary = _fill(AbsStats.empty(2, 5, LOC), x, valid, ()).pooled().summary()
+    assert summary["count"] == 2 * 2 * 40
+    assert summary["max"] == x[:, :, :40].abs().max().item()
+    assert all(e["flat"] < 40 for e in summary["topk"])
+
+
+def test_quantiles_outside_the_binned_range():
+    hist = torch.zeros(N_BINS, dtype=torch.int64)
+    hist[0], hist[-1] = 3, 2  # three values below 2**-24, two above 2**24
+    assert quantile_values(hist, 5, [0.0, 0.5, 1.0], maximum=3e7) == [0.0, 0.0, 3e7]
+
+
+def test_fewer_values_than_k():
+    stats = AbsStats.empty(1, 10, LOC)
+    stats.update(torch.tensor([[[3.0, -1.0, 2.0]]]))
+    summary = stats.pooled().summary()
+    assert [e["value"] for e in summary["topk"]] == [3.0, 2.0, 1.0]
+    assert summary["median"] == pytest.approx(2.0, rel=QUANTILE_RELATIVE_ERROR)
+
+
+def test_outlier_features_follow_the_llm_int8_definition():
+    layers, positions, channels = 4, 100, 5
+    x = torch.zeros(layers, positions, channels)
+    x[:, :10, 0] = 7.0  # 10% of positions in every layer: outlier feature
+    x[:1, :50, 1] = -8.0  # 50% of positions but 1 of 4 layers = 25%: outlier feature (≥ 25%)
+    x[:, :5, 2] = 9.0  # 5% of positions (< 6%) in every layer: not one
+    x[:, :50, 3] = 5.9  # below the magnitude threshold: not one
+    stats = ChannelStats.empty(layers, channels)
+    for layer in range(layers):
+        stats.update(layer, x[layer, :60])  # positions in two batches must pool
+        stats.update(layer, x[layer, 60:])
+    naive = [
+        c for c in range(channels)
+        if sum(((x[l, :, c].abs() >= 6).float().mean() >= 0.06).item() for l in range(layers)) >= 0.25 * layers
+    ]
+    assert stats.outlier_features() == naive == [0, 1]
+    assert stats.absmax[:, 2].tolist() == [9.0] * layers
+    back = ChannelStats.from_dict(json.loads(json.dumps(stats.to_dict())))
+    assert back.outlier_features() == [0, 1] and torch.equal(back.absmax, stats.absmax)
+
+
+def test_model_stats_round_trip_and_merge():
+    a = ModelStats.empty(2, 4, 8, [1, 1, 2, 2], k=5)
+    # layer 1 only; locations (layer, head, sequence, query, key) and (layer, sequence, position, channel)
+    a.logits.update(_heavy_tailed((2, 4, 30), seed=8), 4, None, lambda s, h, m: torch.stack([s * 0 + 1, h, s, m // 6, m % 6], 1))
+    a.hidden.update(_heavy_tailed((2, 1, 24), seed=9), 1, None, lambda s, _, m: torch.stack([s * 0 + 1, s, m // 8, m % 8], 1))
+    a.channels.update(1, _heavy_tailed((3, 8), seed=10) * 10)
+    a.tokens, a.sequences = 6, 2
+    back = ModelStats.from_dict(json.loads(json.dumps(a.to_dict())))
+    assert back.summary() == a.summary()
+    doubled = ModelStats.from_dict(a.to_dict()).merge(back)
+    assert doubled.tokens == 12 and doubled.summary()["attention_logits"]["count"] == 2 * 240
+    summary = a.summary()["attention_logits"]
+    assert summary["per_map"]["2"]["count"] == 2 * 60 and summary["per_map"]["1"]["count"] == 2 * 60
+    assert all(e["map"] == (1 if e["head"] < 2 else 2) for e in summary["topk"])

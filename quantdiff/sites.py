@@ -81,10 +81,17 @@ class QKSite:
 @dataclass(frozen=True)
 class LinearSite:
     """Weights and inputs of nn.Linear layers. Default: floating-point nn.Linear inside decoder layers,
-    plus lm_head if `include_lm_head`; `filter (module, fqn) -> bool` replaces that choice (not serialisable)."""
+    plus lm_head if `include_lm_head`; `filter (module, fqn) -> bool` replaces that choice (not serialisable).
+    `weights=True, inputs=False` is weight-only quantization, what an exported absmax checkpoint holds."""
 
     include_lm_head: bool = False
     filter: ModuleFilter | None = field(default=None, compare=False)
+    weights: bool = True
+    inputs: bool = True
+
+    def __post_init__(self) -> None:
+        if not (self.weights or self.inputs):
+            raise ConfigError("a linear site must quantize weights, inputs or both")
 
 
 Site = LogitsSite | QKSite | LinearSite
@@ -132,7 +139,7 @@ def _site_to_dict(site: Site) -> dict:
     if isinstance(site, LinearSite):
         if site.filter is not None:
             raise ConfigError("a linear site with a custom module filter cannot be serialised")
-        return {"name": "linear", "include_lm_head": site.include_lm_head}
+        return {"name": "linear", "include_lm_head": site.include_lm_head, "weights": site.weights, "inputs": site.inputs}
     return {"name": "logits" if isinstance(site, LogitsSite) else "qk"}
 
 
@@ -361,9 +368,11 @@ def _apply_linear(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> No
     if not targets:
         raise ConfigError("the linear site matched no nn.Linear layer")
     for _, module in targets:
-        undo.append(_swap_weight(module, config.method))
-        hook = module.register_forward_pre_hook(lambda m, args, method=config.method: (fake_quant_input(args[0], method), *args[1:]))
-        undo.append(hook.remove)
+        if config.site.weights:
+            undo.append(_swap_weight(module, config.method))
+        if config.site.inputs:
+            hook = module.register_forward_pre_hook(lambda m, args, method=config.method: (fake_quant_input(args[0], method), *args[1:]))
+            undo.append(hook.remove)
 
 
 # ---- entry points -------------------------------------------------------------------------------------------

@@ -55,8 +55,13 @@ ALL_CONFIGS = [
     QuantConfig(LLMInt8Method(3, threshold=0.5), QKSite()),
     QuantConfig(AbsmaxMethod(4, PerRow()), LinearSite()),
     QuantConfig(LLMInt8Method(4, threshold=1.0), LinearSite(include_lm_head=True)),
+    QuantConfig(AbsmaxMethod(3), LinearSite(inputs=False)),
+    QuantConfig(LLMInt8Method(8, threshold=0.5), LinearSite(weights=False)),
 ]
-CONFIG_IDS = ["logits-tensor", "logits-row", "qk-absmax-column", "qk-llm-int8", "linear-absmax", "linear-llm-int8-lm_head"]
+CONFIG_IDS = [
+    "logits-tensor", "logits-row", "qk-absmax-column", "qk-llm-int8", "linear-absmax", "linear-llm-int8-lm_head",
+    "linear-weight-only", "linear-inputs-only",
+]
 
 
 # ---- configs ----------------------------------------------------------------------------------------------
@@ -99,6 +104,11 @@ def test_parse_config_errors_are_one_line(method, bits, site, granularity, messa
 def test_from_dict_rejects_malformed(data):
     with pytest.raises(ConfigError):
         QuantConfig.from_dict(data)
+
+
+def test_linear_site_must_quantize_something():
+    with pytest.raises(ConfigError, match="weights, inputs or both"):
+        LinearSite(weights=False, inputs=False)
 
 
 def test_custom_filter_is_not_serialisable():
@@ -284,3 +294,16 @@ def test_linear_absmax_matches_naive(g, dims):
         y = wrapper(x)
     expect = F.linear(naive_fake_quant(x, 4, dims), naive_fake_quant(weight, 4, (1,)), layer.bias)
     torch.testing.assert_close(y, expect, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("weights, inputs", [(True, False), (False, True)], ids=["weight-only", "inputs-only"])
+def test_linear_site_halves(weights, inputs):
+    layer = nn.Linear(6, 3)
+    x = torch.randn(2, 4, 6, generator=torch.Generator().manual_seed(6))
+    weight = layer.weight.detach().clone()
+    site = LinearSite(filter=lambda m, fqn: True, weights=weights, inputs=inputs)
+    with torch.no_grad(), quantized(nn.Sequential(layer), QuantConfig(AbsmaxMethod(3, PerRow()), site)):
+        y = layer(x)
+    expect_x = naive_fake_quant(x, 3, (2,)) if inputs else x
+    expect_w = naive_fake_quant(weight, 3, (1,)) if weights else weight
+    torch.testing.assert_close(y, F.linear(expect_x, expect_w, layer.bias), rtol=1e-5, atol=1e-6)

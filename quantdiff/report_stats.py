@@ -96,13 +96,14 @@ def render(doc: dict, console, per_layer: bool = False) -> None:
     bound = f"median within ±{QUANTILE_RELATIVE_ERROR:.3%} (relative) of exact"
     table = Table(title=f"Largest |activation| values — {doc['data']['tokens']:,} tokens per model", caption=bound)
     for column in ("activation", "model", *paper.TABLE5_COLUMNS):
-        table.add_column(column, justify="left" if column in ("activation", "model") else "right")
+        label_column = column in ("activation", "model")
+        table.add_column(column, justify="left" if label_column else "right", no_wrap=label_column)
     for key, label in ACTIVATIONS.items():
         rows = [table5_row(m[key]) for m in models]
         for i, (model, row) in enumerate(zip(models, rows)):
             table.add_row(label if i == 0 else "", model["name"], *map(_fmt, row))
         for model, row in list(zip(models, rows))[1:]:
-            table.add_row("", f"{models[0]['name']} ÷ {model['name']}", *(_ratio(a, b) for a, b in zip(rows[0], row)), style="dim")
+            table.add_row("", f"{models[0]['name']}÷{model['name']}", *(_ratio(a, b) for a, b in zip(rows[0], row)), style="dim")
         table.add_section()
     console.print(table)
     for model in models:

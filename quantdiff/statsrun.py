@@ -20,7 +20,7 @@ from torch import nn
 
 from . import attention
 from .attention import TileContext
-from .data import BUILTIN_CORPUS, Batch, shard
+from .data import BUILTIN_CORPUS, BUILTINS, Batch, shard
 from .errors import ConfigError, DataError
 from .observe import observe
 from .stats import ModelStats
@@ -171,8 +171,11 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
     from .loading import load_config, load_tokenizer
     from .zoo import resolve
 
-    if options.k < 1:
-        raise ConfigError(f"--top-k must be positive, got {options.k}")
+    for flag, value in (("--tokens", options.tokens), ("--batch-size", options.batch_size), ("--top-k", options.k), ("--seq-len", options.seq_len)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be positive, got {value}")
+    if options.data not in BUILTINS and not Path(options.data).is_file():
+        raise DataError(f"data file not found: {options.data}" if not Path(options.data).exists() else f"data path is not a file: {options.data}")
     if options.tile_size is not None and options.tile_size < 1:
         raise ConfigError(f"--tile-size must be positive (0 = no tiling), got {options.tile_size}")
     if options.json_path is not None and options.json_path.is_dir():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,7 +264,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     if not quiet:
         from rich.console import Console
 
-        render(doc, Console(), per_layer)
+        render(doc, Console(width=None if sys.stdout.isatty() else 120), per_layer)  # pipes get full rows, not 80 columns
     return doc
 
 

@@ -82,7 +82,7 @@ def figure8_markdown(cells: list[dict]) -> str:
             by_bits = {c["bits"]: c.get(metric) for c in quantized if c["model"] == model and c["method"] == method}
             ref = references.get(model, {}).get(metric)
             rows.append(["ours", model, method, _fmt(ref), *[_fmt(by_bits.get(b)) for b in bits]])
-        out.append(f"### task `{task}`, site `{site}`, metric `{metric}`\n\n" + _md_table(header, rows))
+        out.append(f"### task `{task}`, site `{site}`, metric `{metric}` (fraction)\n\n" + _md_table(header, rows))
     paper_rows = [
         ["paper (3B, HellaSwag, read from plot)", "Transformer" if kind == "standard" else "DIFF", "absmax", *map(_fmt, values)]
         for kind, values in paper.FIGURE8.items()

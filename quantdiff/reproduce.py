@@ -15,7 +15,7 @@ from pathlib import Path
 from .errors import ConfigError
 from .pairs import KINDS
 from .recipes import Recipe, load_recipe
-from .savedir import atomic_dir
+from .savedir import atomic_dir, check_target
 
 RUNS = Path("runs")
 
@@ -74,13 +74,15 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     from .statsrun import run as run_stats
     from .sweep import Cell, cells_to_json, plan_sweep, plot_sweep
 
+    replace = options.force or (options.out / "report.md").is_file()  # an earlier report is ours to replace
+    check_target(options.out, replace)  # before any training or loading
     recipe, dirs = find_pair(options.target, console)
     analysis = recipe.analysis
     tasks = _tasks(recipe, options)
     plan = plan_sweep([m.replace("_", "-") for m in analysis.methods], analysis.bits, analysis.sites)
     specs = list(dirs.items())  # models are named by kind in every table and JSON of the report
     started = time.perf_counter()
-    with atomic_dir(options.out, force=options.force or (options.out / "report.md").is_file()) as tmp:
+    with atomic_dir(options.out, force=replace) as tmp:
         console.print(f"statistics over {options.stats_tokens or analysis.stats_tokens:,} held-out tokens per model")
         stats_doc = run_stats(
             StatsOptions(

@@ -31,6 +31,7 @@ QUANTILE_RELATIVE_ERROR = 2.0 ** -(MANTISSA_BITS + 1)  # bin midpoint vs any val
 _SHIFT = 23 - MANTISSA_BITS  # float32 bits >> _SHIFT = (exponent, top mantissa bits): monotone in |x|
 _LO = (127 + MIN_EXP) << MANTISSA_BITS  # code of 2**MIN_EXP
 _HI = (127 + MAX_EXP) << MANTISSA_BITS  # code of 2**MAX_EXP
+_RAW_CODES = 1 << (31 - _SHIFT)  # raw codes of all non-negative float32 bit patterns (Inf and NaN included)
 N_BINS = _HI - _LO + 2  # column 0: [0, 2**MIN_EXP); columns 1 … _HI-_LO: log bins; last: [2**MAX_EXP, inf)
 DEFAULT_QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)
 EMPTY = -1.0  # top-k slot not filled yet (|x| ≥ 0)
@@ -41,10 +42,14 @@ LLM_INT8_LAYER_FRACTION = 0.25
 LLM_INT8_POSITION_FRACTION = 0.06
 
 
-def bin_codes(a: torch.Tensor) -> torch.Tensor:
-    """Histogram column of each |x| in `a` (float32, ≥ 0; negative entries land in column 0)."""
-    codes = torch.bitwise_right_shift(a.view(torch.int32), _SHIFT)
-    return codes.clamp_(_LO - 1, _HI).sub_(_LO - 1)
+def raw_codes(a: torch.Tensor) -> torch.Tensor:
+    """(float32 bits of |x|) >> _SHIFT: monotone in |x| ≥ 0, in [0, _RAW_CODES) for every non-negative float."""
+    return torch.bitwise_right_shift(a.view(torch.int32), _SHIFT)
+
+
+def fold_raw_histogram(raw: torch.Tensor) -> torch.Tensor:
+    """(g, _RAW_CODES) counts of raw codes -> (g, N_BINS): everything below 2**MIN_EXP / from 2**MAX_EXP pooled."""
+    return torch.cat([raw[:, :_LO].sum(dim=1, keepdim=True), raw[:, _LO:_HI], raw[:, _HI:].sum(dim=1, keepdim=True)], dim=1)
 
 
 def bin_midpoints(device: torch.device | str = "cpu") -> torch.Tensor:
@@ -102,6 +107,10 @@ class AbsStats:
     top_values: torch.Tensor  # (G, k) float32, descending, EMPTY-padded
     top_locations: torch.Tensor  # (G, k, len(location_names)) int64, -1 where EMPTY
 
+    def __post_init__(self) -> None:
+        # Python-side cache of "k-th value > 0" per group: lets the hot path skip a device sync once filled.
+        self._positive_kth = [False] * self.groups
+
     @classmethod
     def empty(cls, groups: int, k: int, location_names: Sequence[str], device: torch.device | str = "cpu") -> AbsStats:
         if groups < 1 or k < 1:
@@ -140,30 +149,40 @@ class AbsStats:
         if x.dim() != 3:
             raise ValueError(f"update expects (A, groups, M), got {tuple(x.shape)}")
         x = x.float()
-        n_groups = x.shape[1]
+        n_rows, n_groups, m = x.shape
         groups = slice(group_start, group_start + n_groups)
-        a_fast, sums, n_seen, n_valid, all_finite = _tile_summary(x, valid)
+        a, sums, n_valid, all_finite = _tile_summary(x, valid)
         if not all_finite:  # rare: NaN/Inf present (or x⁴ overflows float32) → exact float64 path
             finite = torch.isfinite(x)
-            observed = finite if valid is None else finite & valid
-            seen = torch.ones_like(x, dtype=torch.bool) if valid is None else valid.expand_as(x)
+            seen = torch.ones_like(finite) if valid is None else valid.expand_as(x)
             self.nan[groups] += (torch.isnan(x) & seen).sum(dim=(0, 2))
             self.inf[groups] += (torch.isinf(x) & seen).sum(dim=(0, 2))
-            a_fast, sums, n_seen, n_valid, _ = _tile_summary(x.double().masked_fill(~observed, 0.0), observed)
-            a_fast = a_fast.float()
+            valid = finite & seen
+            a, sums, n_valid, _ = _tile_summary(x.double().masked_fill(~valid, 0.0), valid)
+            a = a.float()
         self.count[groups] += n_valid
         self.power_sums[groups] += sums
-        hist_codes = bin_codes(a_fast).add_(torch.arange(n_groups, device=x.device).view(1, -1, 1) * N_BINS)  # (A, g, M)
-        tile_hist = torch.bincount(hist_codes.view(-1), minlength=n_groups * N_BINS).view(n_groups, N_BINS)
-        tile_hist[:, 0] -= n_seen - n_valid  # unobserved entries were set to EMPTY and binned as underflow
-        self.hist[groups] += tile_hist
-        self._update_top(a_fast, group_start, locate)
+        codes = raw_codes(a).add_(torch.arange(n_groups, dtype=torch.int32, device=x.device).view(1, -1, 1) * _RAW_CODES)
+        raw = torch.bincount(codes.view(-1), minlength=n_groups * _RAW_CODES).view(n_groups, _RAW_CODES)  # (A, g, M) -> (g, codes)
+        raw[:, 0] -= n_rows * m - n_valid  # unobserved entries were zeroed: take them out of the lowest code again
+        self.hist[groups] += fold_raw_histogram(raw)
+        self._update_top(a, valid, group_start, locate)
 
-    def _update_top(self, a: torch.Tensor, group_start: int, locate: Locate | None) -> None:
-        """Candidates are entries ≥ the group's current k-th value (ties included), so selection stays exact."""
+    def _update_top(self, a: torch.Tensor, valid: torch.Tensor | None, group_start: int, locate: Locate | None) -> None:
+        """Candidates are entries ≥ the group's current k-th value (ties included), so selection stays exact.
+
+        Unobserved entries of `a` are 0: harmless once every k-th value is positive (the usual case after the
+        first tile); until then they are masked out explicitly.
+        """
         n_rows, n_groups, m = a.shape
         k = self.k
-        threshold = self.top_values[group_start : group_start + n_groups, k - 1].clamp(min=0.0).view(1, -1, 1)
+        threshold = self.top_values[group_start : group_start + n_groups, k - 1].view(1, -1, 1)
+        if not all(self._positive_kth[group_start : group_start + n_groups]):
+            positive = (threshold > 0).view(-1).tolist()
+            self._positive_kth[group_start : group_start + n_groups] = positive
+            if not all(positive):
+                threshold = threshold.clamp(min=0.0)
+                a = a if valid is None else a.masked_fill(~valid, EMPTY)
         mask = a >= threshold
         if int(mask.sum()) > k * n_rows * n_groups:  # early on nearly everything passes: cut each row to its top k first
             kth = a.topk(min(k, m), dim=-1).values[..., -1:]  # (A, g, 1)
@@ -291,31 +310,23 @@ class AbsStats:
 _TENSOR_FIELDS = ("count", "nan", "inf", "power_sums", "hist", "top_values", "top_locations")
 
 
-def _tile_summary(
-    x: torch.Tensor, valid: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """For x (A, g, M): |x| with unobserved entries set to EMPTY, (g, 4) float64 power sums, entries seen
-    and observed per group, and whether all sums are finite (else the caller redoes the tile exactly)."""
+def _tile_summary(x: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """For x (A, g, M): |x| with unobserved entries zeroed, (g, 4) float64 power sums, observed entries per
+    group, and whether the sums are finite (else the caller redoes the tile exactly)."""
     n_rows, n_groups, m = x.shape
     if valid is None:
         xz = x
         n_valid = torch.full((n_groups,), n_rows * m, dtype=torch.int64, device=x.device)
     else:
-        xz = x * valid  # unobserved → 0 for the sums
+        xz = torch.where(valid, x, 0.0)  # (A, g, M)
         n_valid = valid.expand(n_rows, -1, m).sum(dim=(0, 2)).expand(n_groups)  # (g,): heads share one mask
-    n_seen = torch.full((n_groups,), n_rows * m, dtype=torch.int64, device=x.device)
-    # Power sums per (row, group) with BLAS dot products (no x³/x⁴ temporaries summed twice); float64 across rows.
+    # Power sums per (row, group) with BLAS dot products; float64 across rows.
     x2 = xz * xz
-    s1 = xz.sum(dim=-1)
-    s2 = x2.sum(dim=-1)
     s3 = torch.einsum("agm,agm->ag", x2, xz)
     s4 = torch.einsum("agm,agm->ag", x2, x2)
-    sums = torch.stack([s1, s2, s3, s4], dim=-1).double().sum(dim=0)  # (g, 4)
-    a = xz.abs()
-    if valid is not None:
-        a.masked_fill_(~valid, EMPTY)
+    sums = torch.stack([xz.sum(dim=-1), x2.sum(dim=-1), s3, s4], dim=-1).double().sum(dim=0)  # (g, 4)
     all_finite = bool(torch.isfinite(sums).all())
-    return a, sums, n_seen, n_valid.to(torch.int64), all_finite
+    return xz.abs(), sums, n_valid.to(torch.int64), all_finite
 
 
 @dataclass

@@ -26,10 +26,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from . import __version__, loading
+from . import __version__, attention, loading
 from .errors import ConfigError, LoadError
 from .packing import pack_codes, unpack_codes
-from .quant import MAX_BITS, PerRow, absmax, check_bits, quantize_with_absmax
+from .quant import MAX_BITS, PerRow, absmax_quantize, check_bits, vectorwise_quantize
 from .savedir import atomic_dir, check_target
 from .sites import LinearSite, LLMInt8Method, QuantConfig, apply_quantization, linear_targets
 
@@ -55,7 +55,7 @@ class AbsmaxExport:
             raise ConfigError(f"absmax export takes bits 2–8 or 16, got {self.bits}")
 
     def encode(self, weight: torch.Tensor) -> Tensors:
-        result = quantize_with_absmax(weight, absmax(weight, PerRow()), self.bits)  # = absmax_quantize(w, bits, PerRow())
+        result = absmax_quantize(weight, self.bits, PerRow())  # the linear site's weight quantizer
         return {"weight_packed": pack_codes(result.codes, self.bits), "weight_scale": result.scale.reshape(-1)}
 
     def decode(self, tensors: Tensors, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -74,9 +74,8 @@ class LLMInt8Export:
     bits = 8
 
     def encode(self, weight: torch.Tensor) -> Tensors:
-        amax = absmax(weight, PerRow())  # (out, 1): bitsandbytes' SCB
-        result = quantize_with_absmax(weight, amax, self.bits)
-        return {"weight": result.codes, "SCB": amax.reshape(-1), "weight_format": torch.tensor(0, dtype=torch.uint8)}
+        result = vectorwise_quantize(weight, self.bits)  # bitsandbytes' int8_vectorwise_quant: weights have no outliers
+        return {"weight": result.codes, "SCB": result.row_absmax, "weight_format": torch.tensor(0, dtype=torch.uint8)}
 
     def decode(self, tensors: Tensors, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         scale = tensors["SCB"][:, None] / 127  # the same float32 division as quantize_with_absmax's amax / qmax
@@ -303,9 +302,12 @@ def is_quantdiff_checkpoint(path: str | Path) -> bool:
 def load_quantized(
     path: str | Path,
     device: str | torch.device | None = None,
-    tile_size: int | None = loading.attention.DEFAULT_TILE_SIZE,
+    dtype: torch.dtype | None = None,
+    tile_size: int | None = attention.DEFAULT_TILE_SIZE,
 ) -> nn.Module:
     """A quantdiff export as a float model (weights decoded) on the quantdiff backend, in eval mode.
+
+    dtype: cast the decoded model (default: the dtype it was exported from, which keeps weights bit-exact).
 
     An llm-int8 export also quantizes linear inputs at run time (LLM.int8 with the stored threshold); a
     recorded attention quantization is re-applied. Their handles are in `model.quantdiff_handles`.
@@ -328,9 +330,10 @@ def load_quantized(
 
     config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     del config.quantization_config  # the skeleton is a plain float model; we decode the weights ourselves
-    dtype = getattr(torch, section.get("dtype", "float32"))
-    loading.attention.register()
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    stored_dtype = getattr(torch, str(section.get("dtype", "float32")), None)
+    if not isinstance(stored_dtype, torch.dtype) or not stored_dtype.is_floating_point:
+        raise LoadError(f"unknown weight dtype {section.get('dtype')!r} in {path / 'config.json'}")
+    model = AutoModelForCausalLM.from_config(config, dtype=stored_dtype)
     stored = load_file(str(file))
     state: Tensors = {}
     modules = dict(model.named_modules())
@@ -342,7 +345,7 @@ def load_quantized(
         for key in encoded:
             del stored[f"{fqn}.{key}"]
         try:
-            state[f"{fqn}.weight"] = fmt.decode(encoded, module.weight.shape, dtype)
+            state[f"{fqn}.weight"] = fmt.decode(encoded, module.weight.shape, stored_dtype)
         except (KeyError, ValueError, RuntimeError) as exc:
             raise LoadError(f"cannot decode {fqn} in {file}: {exc}") from None
     state.update(stored)
@@ -351,7 +354,7 @@ def load_quantized(
     if unexpected or set(missing) - tied:
         raise LoadError(f"{file} does not fit {type(model).__name__}: missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
     model.tie_weights()
-    model.to(device or loading.default_device())
+    model.to(device=device or loading.default_device(), dtype=dtype)
     loading.prepare(model, tile_size)
 
     handles = []

@@ -331,3 +331,29 @@ def test_parse_export():
     assert parse_export("absmax", "16") == AbsmaxExport(16)
     assert parse_export("llm-int8", 8, threshold=5.0) == LLMInt8Export(5.0)
     assert parse_export("fp4", 4) == Bnb4bitExport("fp4")
+
+
+def test_cli_eval_compares_source_and_reloaded_export(tmp_path, monkeypatch):
+    from quantdiff import evaluate
+    from quantdiff.tokenizer import save_tokenizer, train_bpe
+
+    text = " ".join(f"The cat number {i} sat on the mat and looked at bird {i * 7 % 13}." for i in range(100))
+    (tmp_path / "text.txt").write_text(text)
+    tokenizer = train_bpe(text, 300)
+    preset = SizePreset(hidden_size=64, num_layers=1, num_heads=4, vocab_size=len(tokenizer), max_position_embeddings=64)
+    build_pair(preset)["diff"].save_pretrained(tmp_path / "src")
+    save_tokenizer(tokenizer, tmp_path / "src")
+    seen = []
+    monkeypatch.setattr(evaluate, "report", lambda cells, task, json_path, quiet: seen.append(cells))
+    args = ["--eval", "lm", "--data", str(tmp_path / "text.txt"), "--context", "32", "--limit", "3", "--force"]
+    losses = {}
+    for bits in ("16", "2"):
+        main(["quantize", str(tmp_path / "src"), "--out", str(tmp_path / "q"), "--bits", bits, *args])
+        source, reloaded = seen.pop()
+        assert (source.model, reloaded.model) == ("source", "quantized")
+        losses[bits] = (source.metrics["loss"], reloaded.metrics["loss"])
+    assert losses["16"][1] == pytest.approx(losses["16"][0], abs=1e-3)  # 16-bit: lossless to display precision
+    assert losses["2"][1] != pytest.approx(losses["2"][0], abs=1e-3)  # 2-bit: the export really quantized
+    with pytest.raises(SystemExit):  # an unknown task is refused before anything is written
+        main(["quantize", str(tmp_path / "src"), "--out", str(tmp_path / "other"), "--eval", "nope"])
+    assert not (tmp_path / "other").exists()

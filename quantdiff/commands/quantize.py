@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -16,20 +16,31 @@ def quantize(
     threshold: Annotated[float, typer.Option("--threshold", help="llm-int8 outlier threshold, applied to activations at run time.")] = 6.0,
     include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="Quantize lm_head too (default: decoder-layer linears only).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing non-empty --out.")] = False,
+    eval_task: Annotated[Optional[str], typer.Option("--eval", help="Also evaluate source and reloaded export on this task (choice, lm, retrieval).")] = None,
+    data: Annotated[Optional[Path], typer.Option("--data", help="Data file for --eval (see `quantdiff eval --help`).")] = None,
+    context: Annotated[Optional[int], typer.Option("--context", help="Tokens per window (lm) or document (retrieval) for --eval.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="--eval on the first N items only.")] = None,
 ) -> None:
     """Quantize the linear weights inside the decoder layers and write a complete model directory."""
     from rich.console import Console
 
-    from ..errors import LoadError
+    from ..errors import ConfigError, LoadError
+    from ..evaluate import make_cli_task
     from ..export import export_quantized, parse_export
+    from ..loading import load_tokenizer
     from ..savedir import check_target
     from ..zoo import resolve
 
-    fmt = parse_export(method, bits, threshold)  # every argument is checked before anything is loaded or written
+    # Every argument is checked before anything is loaded or written.
+    fmt = parse_export(method, bits, threshold)
     check_target(out, force)
+    task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be positive, got {limit}")
     sources = resolve(model)
     if len(sources) != 1:
         raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
+    tokenizer = load_tokenizer(sources[0]) if task is not None else None
     summary = export_quantized(sources[0], out, fmt, include_lm_head=include_lm_head, force=force)
     console = Console(highlight=False)
     d = summary.description
@@ -39,3 +50,20 @@ def quantize(
         f"quantized weights {summary.quantized_bytes / summary.quantized_bf16_bytes:.2f}× their bf16 size"
     )
     console.print(f"modules quantized: {len(summary.modules)}; skipped (kept in {d['dtype']}): {', '.join(summary.skipped) or 'none'}")
+    if task is not None:
+        _evaluate(sources[0], out, task, tokenizer, limit)
+
+
+def _evaluate(source: Path, out: Path, task, tokenizer, limit: int | None) -> None:
+    """The task on the source model and on the export as quantdiff reloads it, one model in memory at a time."""
+    from ..evaluate import report
+    from ..export import load_quantized
+    from ..loading import load
+    from ..sweep import run_sweep
+
+    cells = []
+    for name, load_model in (("source", lambda: load(source)), ("quantized", lambda: load_quantized(out))):
+        model = load_model()
+        cells.extend(run_sweep({name: (model, tokenizer)}, task, [], limit))
+        del model
+    report(cells, task, None, quiet=True)

@@ -80,25 +80,39 @@ def absmax(x: torch.Tensor, granularity: Granularity, mask: torch.Tensor | None 
     return mag.amax(dim=dims, keepdim=True)
 
 
+def _scaled_grid(x: torch.Tensor, amax: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes as a fresh float32 tensor, scale). A zero amax gives codes 0 (no NaN)."""
+    q = qmax(bits)
+    amax = amax.float()
+    inv = torch.where(amax > 0, q / amax, torch.zeros_like(amax))  # bitsandbytes multiplies by 127 / absmax
+    # One float buffer, updated in place from here on: fresh tensors of logits size cost more than the arithmetic.
+    return (x.float() * inv).round_().clamp_(-q, q), amax / q
+
+
 def quantize_with_absmax(x: torch.Tensor, amax: torch.Tensor, bits: int, mask: torch.Tensor | None = None) -> QuantResult:
     """Quantize x on the symmetric grid that maps ±amax to ±qmax; amax broadcastable to x.
 
-    A zero amax gives codes 0 and dequant 0 (no NaN). Entries where `mask` is False are not quantized:
-    code 0, dequant = x (masked logits must pass through; they are set to −inf after the tap anyway).
+    Entries where `mask` is False are not quantized: code 0, dequant = x (masked logits must pass through;
+    they are set to −inf after the tap anyway).
     """
-    q = qmax(bits)
-    xf = x.float()
-    amax = amax.float()
-    inv = torch.where(amax > 0, q / amax, torch.zeros_like(amax))  # bitsandbytes multiplies by 127 / absmax
-    scale = amax / q
-    # One float buffer, updated in place: fresh tensors of logits size cost more than the arithmetic.
-    grid = (xf * inv).round_().clamp_(-q, q)
+    grid, scale = _scaled_grid(x, amax, bits)
     codes = grid.to(code_dtype(bits))
-    dequant = grid.mul_(scale)
     if mask is not None:
         codes.masked_fill_(~mask, 0)
-        dequant = torch.where(mask, dequant, xf, out=dequant)
-    return QuantResult(codes, scale, dequant.to(x.dtype))
+    return QuantResult(codes, scale, _dequantize_into(grid, scale, x, mask))
+
+
+def fake_quantize_with_absmax(x: torch.Tensor, amax: torch.Tensor, bits: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """`quantize_with_absmax(...).dequant` without materialising the integer codes: the logits tiles' hot path."""
+    grid, scale = _scaled_grid(x, amax, bits)
+    return _dequantize_into(grid, scale, x, mask)
+
+
+def _dequantize_into(grid: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    dequant = grid.mul_(scale)
+    if mask is not None:
+        dequant = torch.where(mask, dequant, x.float(), out=dequant)
+    return dequant.to(x.dtype)
 
 
 def absmax_quantize(

@@ -23,8 +23,8 @@ from .quant import (
     PerTensor,
     absmax_quantize,
     check_bits,
+    fake_quantize_with_absmax,
     outlier_features,
-    quantize_with_absmax,
     vectorwise_quantize,
 )
 
@@ -218,7 +218,7 @@ class LogitsQuantizer:
 
     def __call__(self, logits: torch.Tensor, ctx: attention.TileContext) -> torch.Tensor:
         amax = ctx.row_absmax if self.per_row else ctx.tensor_absmax  # (B,H,rows,1) or (B,1,1,1)
-        return quantize_with_absmax(logits, amax, self.bits, mask=ctx.valid).dequant
+        return fake_quantize_with_absmax(logits, amax, self.bits, mask=ctx.valid)
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,13 @@ from quantdiff.quant import (
     PerColumn,
     PerRow,
     PerTensor,
+    absmax,
     absmax_quantize,
+    fake_quantize_with_absmax,
     llm_int8_matmul,
     outlier_features,
     qmax,
+    quantize_with_absmax,
     vectorwise_quantize,
 )
 
@@ -77,6 +80,17 @@ def test_mask_entries_pass_through_and_do_not_set_scale(x, bits, seed):
     torch.testing.assert_close(r.scale.view(()), expect_scale, rtol=1e-6, atol=0)
     assert torch.equal(r.dequant[~mask], poisoned[~mask])
     assert (r.codes[~mask] == 0).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(x=matrices(), bits=st.integers(2, 16), seed=st.integers(0, 2**16), half=st.booleans())
+def test_fake_quantize_equals_dequant_of_full_quantize(x, bits, seed, half):
+    x = x.half() if half else x
+    mask = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)) < 0.7
+    amax = absmax(x, PerRow(), mask)
+    expect = quantize_with_absmax(x, amax, bits, mask).dequant
+    assert torch.equal(fake_quantize_with_absmax(x, amax, bits, mask), expect)
+    assert torch.equal(fake_quantize_with_absmax(x, amax, bits), quantize_with_absmax(x, amax, bits).dequant)
 
 
 @pytest.mark.parametrize("g", GRANULARITIES, ids=lambda g: type(g).__name__)

@@ -33,7 +33,7 @@ from .errors import ConfigError
 from .pairs import KINDS, build_pair, lambda_parameter_count, parameter_count
 from .recipes import Recipe, TrainConfig
 from .savedir import atomic_dir
-from .tasks.retrieval_data import Filler, NeedleExample, make_needle_example
+from .tasks.retrieval_data import Filler, NeedleExample, make_needle_example, vocabulary_text
 from .tokenizer import save_tokenizer, train_bpe
 
 CHECKPOINT = ".checkpoint"  # inside --out; removed once the pair is saved
@@ -49,10 +49,10 @@ class PairData:
 
 
 def prepare_data(recipe: Recipe, tokenizer: PreTrainedTokenizerBase | None = None) -> PairData:
-    """Tokenize both splits (training a BPE on the training split unless one is given)."""
+    """Tokenize both splits (training a BPE on the training split + the needle words unless one is given)."""
     train_text = corpus.split_text("train", recipe.data.held_out_fraction)
     held_out_text = corpus.split_text(corpus.HELD_OUT_SPLIT, recipe.data.held_out_fraction)
-    tokenizer = tokenizer or train_bpe(train_text, recipe.model.vocab_size)
+    tokenizer = tokenizer or train_bpe(train_text + vocabulary_text(), recipe.model.vocab_size)
     encode = lambda text: torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)  # noqa: E731
     return PairData(tokenizer, encode(train_text), encode(held_out_text), Filler.from_tokenizer(train_text, tokenizer))
 

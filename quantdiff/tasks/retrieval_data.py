@@ -6,10 +6,12 @@ A document is filler sentences with needles inserted at chosen depths, then quer
     Recall Orchid velvet moss pebble. Recall Falcon            ← prompt ends here
                       amber harp cobalt.                       ← answer
 
-The key sits right before its value, and the value is a multi-token span (three words) that was seen
-earlier in the context: a tiny model learns this *needle copy* (an induction-style lookup) within a few
-hundred steps on CPU, unlike single-token associative recall (see DESIGN.md). Chance for exact match is
-about 1/n_needles for a model that copies some needle's value, and ~0 for one that guesses words.
+The key sits right before its value, and the value is a multi-token span (three words) seen earlier in
+the context. Key and value words never occur in the corpus and are single tokens of the trained tokenizer
+(see `vocabulary_text`), so the answer is a chain of single-token induction steps: this *needle copy* is
+what a tiny model learns within a few hundred steps on CPU, unlike associative recall of tokens that also
+occur elsewhere (see DESIGN.md). Chance for exact match is about 1/n_needles for a model that copies some
+needle's value, and ~0 for one that guesses words.
 
 API (all deterministic given the `random.Random` passed in):
 
@@ -39,19 +41,21 @@ from typing import Callable, Sequence
 from ..corpus import sentences
 from ..errors import DataError
 
+# Needle words never occur in the corpus (checked against all six novels), and the tokenizer is trained with
+# them (`vocabulary_text`), so each is a single token: every answer token then follows a token that occurs
+# once in the document — the single-token induction copy a tiny model learns within a few hundred steps.
 KEYS = (
-    "Falcon Orchid Harbour Lantern Meadow Copper Willow Thistle Garnet Beacon Cobble Juniper Marble Saffron "
-    "Quarry Tundra Walnut Zephyr Basalt Cinder Dagger Ember Fjord Glacier Hazel Indigo Jasper Kestrel Lagoon "
-    "Mango Nectar Onyx Pepper Quartz Raven Sparrow Tulip Umber Violet Wombat Yonder Zinnia Acorn Bramble "
-    "Cactus Delta Falconer Gecko"
+    "Falcon Orchid Copper Willow Thistle Garnet Beacon Cobble Juniper Quarry Tundra Zephyr Basalt Cinder Fjord "
+    "Glacier Indigo Jasper Kestrel Lagoon Nectar Onyx Quartz Raven Sparrow Umber Violet Wombat Zinnia Acorn "
+    "Bramble Gecko"
 ).split()
 VALUE_WORDS = (
-    "amber harp cobalt velvet moss pebble violin comet maple lantern oyster canyon tiger ribbon anchor "
-    "biscuit cactus dragon ember feather goblet helmet igloo jigsaw kettle lemon magnet nutmeg olive parrot "
-    "quiver radish saddle thimble tulip umbrella vessel walrus yacht zebra badger candle dolphin engine "
-    "falcon garlic hammer island jacket kayak ladder mirror needle orbit pepper rocket spider trumpet"
+    "cobalt pebble comet oyster canyon tiger biscuit cactus dragon goblet helmet igloo jigsaw lemon magnet nutmeg "
+    "parrot quiver radish thimble tulip walrus yacht zebra badger dolphin engine garlic kayak ladder orbit rocket "
+    "spider trumpet banjo cello tuba rhino koala panda lizard cobra papaya kiwi melon onion pickle waffle pretzel "
+    "noodle bagel laser robot pixel radar sonar guitar flute kazoo zipper"
 ).split()
-VALUE_LENGTH = 3  # words per value: a multi-token span, so exact match needs a real copy
+VALUE_LENGTH = 3  # words per value: a multi-token span, so exact match needs a copy of every token
 NEEDLE = " Remember {key} {value}."
 QUERY = " Recall {key}"
 ANSWER = " {value}."
@@ -77,6 +81,12 @@ class NeedleExample:
     @property
     def text(self) -> str:
         return self.prompt + self.answer
+
+
+def vocabulary_text(repeats: int = 2000) -> str:
+    """Every needle word (with its leading space) `repeats` times: appended to the tokenizer's training text,
+    it makes each a single BPE token (2000 repeats outrank the merges a 1–2K vocabulary keeps)."""
+    return "".join(" " + word for word in KEYS + VALUE_WORDS) * repeats
 
 
 class Filler:

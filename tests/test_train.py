@@ -1,0 +1,168 @@
+"""Matched-pair training: batches, schedule, checkpoint round trip, resume = uninterrupted, saved directories.
+
+The corpus is replaced by synthetic sentences so these tests run without the Debian package.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from quantdiff import corpus
+from quantdiff import train as training
+from quantdiff.pairs import KINDS, build_pair
+from quantdiff.recipes import parse_recipe
+
+RECIPE = """
+[data]
+retrieval_fraction = 0.5
+retrieval_max_needles = 2
+[model]
+hidden_size = 32
+num_layers = 2
+num_heads = 4
+vocab_size = 300
+max_position_embeddings = 160
+[train]
+steps = 6
+batch_size = 4
+seq_len = 160
+warmup_steps = 2
+checkpoint_every = 2
+eval_every = 3
+eval_batches = 1
+[tasks]
+lm_tokens = 1024
+retrieval_needles = [1, 2]
+retrieval_examples = 3
+"""
+WORDS = "the lady walked to the house and spoke with her sister about a letter from town".split()
+
+
+@pytest.fixture
+def synthetic_corpus(monkeypatch):
+    """Both splits from a fixed word list; a different seed for the held-out split."""
+
+    def split_text(split: str, fraction: float = 0.1) -> str:
+        rng = random.Random(split)
+        return " ".join(" ".join(rng.choices(WORDS, k=rng.randint(4, 14))).capitalize() + "." for _ in range(600))
+
+    monkeypatch.setattr(corpus, "split_text", split_text)
+    monkeypatch.setattr(corpus, "read_novels", lambda: {})
+
+
+@pytest.fixture
+def recipe():
+    return parse_recipe(RECIPE, "unit")
+
+
+def test_lr_schedule_warms_up_then_follows_the_cosine(recipe):
+    cfg = recipe.train
+    assert training.lr_at(0, cfg) == pytest.approx(cfg.lr / 2)
+    assert training.lr_at(1, cfg) == pytest.approx(cfg.lr)
+    for step in range(2, cfg.steps + 1):
+        t = (step - 2) / (cfg.steps - 2)
+        assert training.lr_at(step, cfg) == pytest.approx(cfg.min_lr + (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t)) / 2)
+
+
+def test_curriculum_grows_needles_to_the_maximum_by_mid_training(recipe):
+    counts = [training.needles_at(step, recipe) for step in range(recipe.train.steps)]
+    assert counts[0] == 1 and counts[recipe.train.steps // 2] == 2 and counts == sorted(counts)
+
+
+def test_batches_are_a_pure_function_of_seed_and_step(synthetic_corpus, recipe):
+    data = training.prepare_data(recipe)
+    a_in, a_tg = training.make_batch(3, data, recipe)
+    b_in, b_tg = training.make_batch(3, data, recipe)
+    assert torch.equal(a_in, b_in) and torch.equal(a_tg, b_tg)
+    assert a_in.shape == a_tg.shape == (4, 160)
+    assert not torch.equal(a_in, training.make_batch(4, data, recipe)[0])
+    # targets are the inputs shifted by one wherever they are not padding
+    valid = a_tg[:, :-1] != training.IGNORE
+    assert torch.equal(a_in[:, 1:][valid], a_tg[:, :-1][valid])
+    texts = [data.tokenizer.decode(row) for step in range(6) for row in training.make_batch(step, data, recipe)[0]]
+    needle_rows = sum(" Recall " in text for text in texts)
+    assert 0 < needle_rows < len(texts)  # retrieval_fraction = 0.5
+
+
+def test_unigram_entropy_matches_the_formula():
+    ids = torch.tensor([0, 0, 1, 2, 2, 2, 2, 3])
+    p = torch.tensor([2, 1, 4, 1], dtype=torch.float64) / 8
+    assert training.unigram_entropy(ids) == pytest.approx(float(-(p * p.log()).sum()))
+
+
+def test_optimizer_state_round_trips_without_pickle(recipe):
+    model = build_pair(recipe.model)["diff"]
+    optimizer, names = training.make_optimizer(model, recipe.train)
+    model(input_ids=torch.randint(0, 300, (2, 8))).logits.sum().backward()
+    optimizer.step()
+    tensors = training.optimizer_tensors(optimizer, names)
+    fresh, _ = training.make_optimizer(model, recipe.train)
+    training.load_optimizer_tensors(fresh, names, tensors)
+    for (index, before), after in zip(optimizer.state_dict()["state"].items(), fresh.state_dict()["state"].values()):
+        assert before.keys() == after.keys()
+        for key in before:
+            assert torch.equal(before[key], after[key]), (names[index], key)
+    assert len(optimizer.state_dict()["state"]) == len(names)
+
+
+class Oracle(torch.nn.Module):
+    """A 'model' whose greedy continuation is a fixed token sequence, to test the exact-match check."""
+
+    def __init__(self, continuation: list[int], vocab: int):
+        super().__init__()
+        self.continuation, self.vocab, self.start = continuation, vocab, None
+
+    def forward(self, input_ids):
+        self.start = self.start or input_ids.shape[1]
+        logits = torch.zeros(1, input_ids.shape[1], self.vocab)
+        logits[0, -1, self.continuation[input_ids.shape[1] - self.start]] = 1.0
+        return type("Out", (), {"logits": logits})
+
+
+def test_greedy_exact_match_counts_only_the_full_value(synthetic_corpus, recipe):
+    data = training.prepare_data(recipe)
+    [example] = training.retrieval_examples(corpus.held_out_text(), data.tokenizer, 160, 2, 1, seed=0)
+    value = data.tokenizer(" " + example.needles[example.query_index][1], add_special_tokens=False)["input_ids"]
+    assert training.greedy_exact_match(Oracle(value, 300), data.tokenizer, [example], torch.device("cpu")) == 1.0
+    wrong = value[:-1] + [(value[-1] + 1) % 300]
+    assert training.greedy_exact_match(Oracle(wrong, 300), data.tokenizer, [example], torch.device("cpu")) == 0.0
+
+
+def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(synthetic_corpus, recipe, tmp_path):
+    full = training.train_pair(recipe, tmp_path / "full")
+    assert training.train_pair(recipe, tmp_path / "resumed", stop_after=3) is None
+    assert not training.pair_exists(tmp_path / "resumed")
+    assert json.loads((tmp_path / "resumed" / training.CHECKPOINT / "state.json").read_text())["step"] == 3
+    resumed = training.train_pair(recipe, tmp_path / "resumed")
+    assert not (tmp_path / "resumed" / training.CHECKPOINT).exists()
+    for kind in KINDS:
+        a, b = load_file(full[kind] / "model.safetensors"), load_file(resumed[kind] / "model.safetensors")
+        assert a.keys() == b.keys()
+        for name in a:
+            assert torch.equal(a[name], b[name]), f"{kind} {name}: max diff {(a[name] - b[name]).abs().max()}"
+        log_a, log_b = (json.loads((p[kind] / "train_log.json").read_text()) for p in (full, resumed))
+        assert log_a["train_loss_curve"] == log_b["train_loss_curve"] and len(log_a["train_loss_curve"]) == 6
+        assert log_a["held_out_loss"] == log_b["held_out_loss"]
+        # a complete HF directory: loads with transformers alone
+        model = AutoModelForCausalLM.from_pretrained(full[kind], local_files_only=True)
+        assert model.config.hidden_size == recipe.model.hidden_size
+        assert AutoTokenizer.from_pretrained(full[kind], local_files_only=True).pad_token_id == 0
+        assert (full[kind] / "recipe.toml").read_text() == recipe.source
+    # both models trained on the same batches: identical step count, parameter counts differ by λ only
+    std, diff = (json.loads((full[k] / "train_log.json").read_text()) for k in KINDS)
+    assert diff["parameters"] - std["parameters"] == diff["lambda_parameters"] > 0
+
+
+def test_existing_pair_is_not_overwritten_without_force(synthetic_corpus, recipe, tmp_path):
+    for kind in KINDS:
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "config.json").write_text("{}")
+    with pytest.raises(training.ConfigError, match="--force"):
+        training.train_pair(recipe, tmp_path)

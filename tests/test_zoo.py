@@ -1,0 +1,72 @@
+"""The shipped default pair: names resolve, files load with plain transformers and match tiny.toml."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DiffLlamaForCausalLM, LlamaForCausalLM
+
+from quantdiff import zoo
+from quantdiff.errors import LoadError
+from quantdiff.pairs import KINDS, lambda_parameter_count, pair_configs, parameter_count
+from quantdiff.recipes import REPO_RECIPES, load_recipe
+
+SHIPPED = {kind: zoo.ASSETS / "tiny" / kind for kind in KINDS}
+
+
+def test_names_resolve_to_the_shipped_directories(tmp_path):
+    assert zoo.resolve("tiny") == [SHIPPED["standard"], SHIPPED["diff"]]
+    assert zoo.resolve("tiny/diff") == [SHIPPED["diff"]]
+    assert zoo.resolve("tiny/standard") == [SHIPPED["standard"]]
+    assert zoo.resolve(tmp_path) == [tmp_path]
+    assert zoo.resolve(str(tmp_path)) == [tmp_path]
+
+
+@pytest.mark.parametrize("name", ["small", "tiny/big", "no/such/dir"])
+def test_unknown_names_are_load_errors(name):
+    with pytest.raises(LoadError, match="neither an existing path nor a built-in model"):
+        zoo.resolve(name)
+
+
+def test_shipped_recipe_is_the_repository_recipe():
+    for kind in KINDS:
+        assert (SHIPPED[kind] / "recipe.toml").read_text() == (REPO_RECIPES / "tiny.toml").read_text()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shipped_model_loads_and_matches_the_recipe(kind):
+    recipe = load_recipe("tiny")
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED[kind], local_files_only=True)
+    assert isinstance(model, {"standard": LlamaForCausalLM, "diff": DiffLlamaForCausalLM}[kind])
+    expected = pair_configs(recipe.model)[kind]
+    for field in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings"):
+        assert getattr(model.config, field) == getattr(expected, field), field
+    log = json.loads((SHIPPED[kind] / "train_log.json").read_text())
+    assert log["parameters"] == parameter_count(model) and log["steps"] == recipe.train.steps
+    assert len(log["train_loss_curve"]) == recipe.train.steps
+    assert log["held_out_loss"] < log["unigram_entropy"] - 1.0  # learned far more than token frequencies
+    tokenizer = AutoTokenizer.from_pretrained(SHIPPED[kind], local_files_only=True)
+    assert len(tokenizer) == recipe.model.vocab_size and tokenizer.pad_token_id == 0
+    ids = tokenizer("It is a truth universally acknowledged", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (1, ids.shape[1], recipe.model.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_shipped_pair_parameter_counts_differ_by_lambda_only():
+    preset = load_recipe("tiny").model
+    std, diff = (AutoModelForCausalLM.from_pretrained(SHIPPED[kind], local_files_only=True) for kind in KINDS)
+    head_dim = preset.hidden_size // preset.num_heads
+    assert lambda_parameter_count(std) == 0
+    # DiffLlama: λ_q1, λ_k1, λ_q2, λ_k2 of head_dim each, per layer
+    assert parameter_count(diff) - parameter_count(std) == lambda_parameter_count(diff) == 4 * head_dim * preset.num_layers
+
+
+def test_shipped_tokenizer_makes_every_needle_word_one_token():
+    from quantdiff.tasks.retrieval_data import KEYS, VALUE_WORDS
+
+    tokenizer = AutoTokenizer.from_pretrained(SHIPPED["standard"], local_files_only=True)
+    for word in KEYS + VALUE_WORDS:
+        assert len(tokenizer(" " + word, add_special_tokens=False)["input_ids"]) == 1, word

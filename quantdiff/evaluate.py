@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .errors import ConfigError, LoadError
 from .sites import QuantConfig
-from .sweep import Cell, CellProgress, run_sweep, sweep_table, write_json
+from .sweep import Cell, CellProgress, run_model_cells, sweep_table, write_json
 from .tasks.registry import Task, make_task
 
 
@@ -72,7 +72,7 @@ def resolve_models(specs: Sequence[str]) -> list[tuple[str, Path]]:
     return out
 
 
-def check_device(device: str | None) -> torch.device | None:
+def check_device(device: str | torch.device | None) -> torch.device | None:
     if device is None:
         return None
     try:
@@ -121,24 +121,30 @@ def run_models(
     task: Task,
     configs: Sequence[QuantConfig],
     limit: int | None,
-    device: str | None,
+    device: str | torch.device | None,
     quiet: bool,
     include_reference: bool = True,
 ) -> list[Cell]:
-    """Load each model in turn (only one in memory) and run its cells."""
+    """Load each model in turn (only one in memory) and run its cells; every model's task data is prepared
+    (and so checked) before any weights are loaded."""
+    from transformers.utils import logging as transformers_logging
+
     from .loading import load, load_tokenizer
 
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be positive, got {limit}")
     target = check_device(device)
+    tokenizers = [load_tokenizer(path) for _, path in specs]
+    prepared = [task.prepare(tokenizer, limit) for tokenizer in tokenizers]
+    if quiet:
+        transformers_logging.disable_progress_bar()  # its "Loading weights" bar
     cells: list[Cell] = []
     with progress_bars(quiet) as progress:
-        for name, path in specs:
-            tokenizer = load_tokenizer(path)
+        for (name, path), tokenizer, data in zip(specs, tokenizers, prepared):
             model = load(path, device=target)
             if len(tokenizer) > model.config.vocab_size:
                 raise LoadError(f"{path}: the tokenizer has {len(tokenizer)} tokens, the model only {model.config.vocab_size}")
-            cells.extend(run_sweep({name: (model, tokenizer)}, task, configs, limit, progress, include_reference))
+            cells.extend(run_model_cells(name, model, task, data, configs, progress, include_reference))
             del model
     return cells
 

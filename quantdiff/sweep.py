@@ -111,6 +111,19 @@ def run_cell(model: nn.Module, name: str, task: Task, prepared: Any, config: Qua
     return Cell(name, task.name, method, bits, site, metrics)
 
 
+def run_model_cells(
+    name: str,
+    model: nn.Module,
+    task: Task,
+    prepared: Any,
+    configs: Sequence[QuantConfig],
+    progress: CellProgress | None = None,
+    include_reference: bool = True,
+) -> list[Cell]:
+    """One model's cells on data already prepared for its tokenizer: the reference first, then each config."""
+    return [run_cell(model, name, task, prepared, config, progress) for config in ([None] if include_reference else []) + list(configs)]
+
+
 def run_sweep(
     models: dict[str, tuple[nn.Module, Any]],
     task: Task,
@@ -123,8 +136,7 @@ def run_sweep(
     cells = []
     for name, (model, tokenizer) in models.items():
         prepared = task.prepare(tokenizer, limit)
-        for config in [None, *configs] if include_reference else configs:
-            cells.append(run_cell(model, name, task, prepared, config, progress))
+        cells.extend(run_model_cells(name, model, task, prepared, configs, progress, include_reference))
     return cells
 
 

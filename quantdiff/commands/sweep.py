@@ -28,7 +28,7 @@ def sweep(
     models: Annotated[list[str], typer.Argument(help="Model directories or zoo names ('tiny' = the shipped standard and Diff pair).")],
     task: TaskOpt = "choice",
     bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
-    method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax,llm-int8",
+    method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",
     site: Annotated[str, typer.Option("--site", help="Comma-separated: logits, qk, linear. Unsupported (method, site) pairs are skipped with a note.")] = "logits",
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the Figure-8-style chart (PNG, PDF or SVG).")] = None,
     json_path: JsonOpt = None,
@@ -46,17 +46,18 @@ def sweep(
     from ..sweep import parse_bits, plan_sweep, split_names
     from rich.console import Console
 
-    from ..evaluate import check_output, make_cli_task, report, resolve_models, run_models
+    from ..evaluate import check_device, check_output, make_cli_task, report, resolve_models, run_models
 
     plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"))
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     specs = resolve_models(models)
     for path, suffixes in ((json_path, None), (plot, (".png", ".pdf", ".svg"))):
         check_output(path, suffixes)
-    notes = Console(stderr=True, highlight=False)
+    target = check_device(device)
+    notes = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in plan.skipped:
         notes.print(f"[yellow]skipped {line}[/yellow]")
-    cells = run_models(specs, the_task, plan.configs, limit, device, quiet)
+    cells = run_models(specs, the_task, plan.configs, limit, target, quiet)
     report(cells, the_task, json_path, quiet)
     if plot is not None:
         from ..sweep import plot_sweep

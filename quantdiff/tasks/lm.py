@@ -14,7 +14,7 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import DataError
-from .scoring import Progress, score_targets
+from .scoring import Progress, max_positions, score_targets
 
 
 @dataclass(frozen=True)
@@ -65,5 +65,8 @@ class LMTask:
         return PreparedLM(windows)
 
     def evaluate(self, model: nn.Module, prepared: PreparedLM, progress: Progress | None = None) -> dict[str, float]:
+        limit = max_positions(model)
+        if limit is not None and max(len(w) for w in prepared.windows) > limit:
+            raise DataError(f"lm windows of {self.context} tokens exceed the model's {limit} positions: use a context of at most {limit}")
         scores = score_targets(model, [(w[:1], w[1:]) for w in prepared.windows], self.batch_size, progress)
         return lm_metrics(sum(s.logprob for s in scores), sum(s.n_tokens for s in scores), sum(s.n_correct for s in scores))

@@ -13,6 +13,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from ..errors import DataError
+
 Progress = Callable[[int], None]  # called with the number of items just finished
 
 
@@ -76,7 +78,7 @@ def score_targets(
             raise ValueError("a scoring request needs at least one target token")
         whole = list(context) + list(targets)
         if limit is not None and len(targets) > limit:
-            raise ValueError(f"{len(targets)} target tokens do not fit the model's {limit} positions")
+            raise DataError(f"{len(targets)} tokens to score do not fit the model's {limit} positions")
         inputs.append(whole[-(limit + 1) :][:-1] if limit is not None else whole[:-1])
     order = sorted(range(len(requests)), key=lambda i: -len(inputs[i]))
     scores: list[TargetScore | None] = [None] * len(requests)

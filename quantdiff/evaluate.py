@@ -4,6 +4,7 @@ print and write the cells. The CLI commands and recipes call these; the sweep lo
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -15,7 +16,6 @@ from .errors import ConfigError, LoadError
 from .sites import QuantConfig
 from .sweep import Cell, CellProgress, run_model_cells, sweep_table, write_json
 from .tasks.registry import Task, make_task
-
 
 # CLI option -> the field it sets, per task; an option a task has no field for is an error, not ignored.
 CLI_FIELDS = {
@@ -50,23 +50,20 @@ def make_cli_task(name: str, batch_size: int, **given: object) -> Task:
 def resolve_models(specs: Sequence[str]) -> list[tuple[str, Path]]:
     """(name, directory) for each MODEL argument: a directory, or a zoo name ('tiny' gives two).
 
-    Names are directory names ('standard'), zoo names with their kind ('tiny/diff'), or the argument as typed
-    when two directories share a name.
+    Names are directory names ('standard'), zoo names with their kind ('tiny/diff'), or the whole path when
+    two directories share a name.
     """
     from .loading import check_model_dir
     from .zoo import resolve
 
     resolved = []
     for spec in specs:
-        dirs = resolve(spec)
         from_zoo = not Path(spec).exists()
-        for d in dirs:
+        for d in resolve(spec):
             check_model_dir(d)
-            resolved.append((f"{spec.split('/')[0]}/{d.name}" if from_zoo else d.name, d, spec))
-    counts = {}
-    for name, _, _ in resolved:
-        counts[name] = counts.get(name, 0) + 1
-    out = [(name if counts[name] == 1 else str(path), path) for name, path, _ in resolved]
+            resolved.append((f"{spec.split('/')[0]}/{d.name}" if from_zoo else d.name, d))
+    counts = Counter(name for name, _ in resolved)
+    out = [(name if counts[name] == 1 else str(path), path) for name, path in resolved]
     if len({name for name, _ in out}) != len(out):
         raise ConfigError("the same model is named twice")
     return out

@@ -95,20 +95,19 @@ def describe(config: QuantConfig | None) -> tuple[str | None, int | None, str | 
     return data["method"]["name"], data["method"]["bits"], data["site"]["name"]
 
 
-def cell_label(cell: Cell) -> str:
-    return REFERENCE if cell.is_reference else f"{cell.method} {cell.bits}b @{cell.site}"
+def config_label(config: QuantConfig | None) -> str:
+    method, bits, site = describe(config)
+    return REFERENCE if config is None else f"{method} {bits}b @{site}"
 
 
 CellProgress = Callable[[str, int], Callable[[float], None]]  # (label, total units) -> advance(n)
 
 
 def run_cell(model: nn.Module, name: str, task: Task, prepared: Any, config: QuantConfig | None, progress: CellProgress | None = None) -> Cell:
-    method, bits, site = describe(config)
-    cell = Cell(name, task.name, method, bits, site)
-    advance = progress(f"{name} · {cell_label(cell)}", len(prepared)) if progress is not None else None
+    advance = progress(f"{name} · {config_label(config)}", len(prepared)) if progress is not None else None
     with quantized(model, config):
         metrics = task.evaluate(model, prepared, advance)
-    return Cell(name, task.name, method, bits, site, metrics)
+    return Cell(name, task.name, *describe(config), metrics)
 
 
 def run_model_cells(

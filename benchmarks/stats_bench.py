@@ -36,22 +36,24 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn, device: torch.device, repeats: int) -> float:
-    """Median seconds of `repeats` calls after one warm-up."""
-    fn()
-    sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def timed(fns: dict, device: torch.device, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each function, called round-robin (after one warm-up each) so that
+    background load on a shared machine hits them all alike."""
+    for fn in fns.values():
         fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    sync(device)
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def model_for(kind: str, preset: SizePreset, attn: str, device: torch.device):
-    model = build_model(pair_configs(preset)[kind], seed=0, attn_implementation=attn).to(device).eval()
-    return model
+    return build_model(pair_configs(preset)[kind], seed=0, attn_implementation=attn).to(device).eval()
 
 
 def throughput(args, device: torch.device) -> None:
@@ -63,13 +65,15 @@ def throughput(args, device: torch.device) -> None:
     print(f"## 1. stats pass vs plain forward (d={args.hidden}, {args.layers} layers, {args.heads} heads, "
           f"batch {args.batch} × {args.seq_len} tokens, tile {args.tile}, {device})")
     for kind in ("standard", "diff"):
-        times = {}
-        for attn in ("eager", "sdpa"):
-            model = model_for(kind, preset, attn, device)
+        eager, sdpa = model_for(kind, preset, "eager", device), model_for(kind, preset, "sdpa", device)
+        observed = prepare(model_for(kind, preset, "eager", device), args.tile)
+
+        def forward(model):
             with torch.inference_mode():
-                times[attn] = timed(lambda: model.base_model(input_ids=ids, use_cache=False), device, args.repeats)
-        model = prepare(model_for(kind, preset, "eager", device), args.tile)
-        times["stats"] = timed(lambda: collect_stats(model, [batch]), device, args.repeats)
+                model.base_model(input_ids=ids, use_cache=False)
+
+        times = timed({"eager": lambda: forward(eager), "sdpa": lambda: forward(sdpa),
+                       "stats": lambda: collect_stats(observed, [batch])}, device, args.repeats)
         print(f"{kind:8s} eager {times['eager'] * 1e3:8.1f} ms  sdpa {times['sdpa'] * 1e3:8.1f} ms  "
               f"stats {times['stats'] * 1e3:8.1f} ms ({tokens / times['stats']:,.0f} tok/s)  "
               f"stats/eager {times['stats'] / times['eager']:.2f}×  stats/sdpa {times['stats'] / times['sdpa']:.2f}×")
@@ -142,8 +146,8 @@ def observer_throughput(args, device: torch.device) -> None:
     tensors = [(torch.randn(1, 1, 1 << 20, generator=g) * 3).to(device) for _ in range(args.observer_tensors)]
     stats = AbsStats.empty(1, 100, ("row", "group", "flat"), device)
     observer = HistogramObserver().to(device)
-    ours = timed(lambda: [stats.update(x) for x in tensors], device, 3)
-    theirs = timed(lambda: [observer(x) for x in tensors], device, 3)
+    times = timed({"ours": lambda: [stats.update(x) for x in tensors], "theirs": lambda: [observer(x) for x in tensors]}, device, 3)
+    ours, theirs = times["ours"], times["theirs"]
     n = sum(x.numel() for x in tensors)
     print(f"## 4. update throughput on {len(tensors)} tensors of 1M elements: AbsStats {n / ours / 1e6:,.1f} M/s, "
           f"HistogramObserver {n / theirs / 1e6:,.1f} M/s, ratio {theirs / ours:.2f}× "

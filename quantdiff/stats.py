@@ -184,7 +184,7 @@ class AbsStats:
                 threshold = threshold.clamp(min=0.0)
                 a = a if valid is None else a.masked_fill(~valid, EMPTY)
         mask = a >= threshold
-        if int(mask.sum()) > k * n_rows * n_groups:  # early on nearly everything passes: cut each row to its top k first
+        if int(torch.count_nonzero(mask)) > k * n_rows * n_groups:  # early on nearly everything passes: cut each row to its top k first
             kth = a.topk(min(k, m), dim=-1).values[..., -1:]  # (A, g, 1)
             mask = a >= torch.maximum(threshold, kth)  # an entry of the top k of a union is in the top k of its row
         rows, cols, flat = mask.nonzero(as_tuple=True)
@@ -319,7 +319,7 @@ def _tile_summary(x: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Te
         n_valid = torch.full((n_groups,), n_rows * m, dtype=torch.int64, device=x.device)
     else:
         xz = torch.where(valid, x, 0.0)  # (A, g, M)
-        n_valid = valid.expand(n_rows, -1, m).sum(dim=(0, 2)).expand(n_groups)  # (g,): heads share one mask
+        n_valid = torch.count_nonzero(valid.expand(n_rows, -1, m), dim=(0, 2)).expand(n_groups)  # (g,): heads share one mask
     # Power sums per (row, group) with BLAS dot products; float64 across rows.
     x2 = xz * xz
     s3 = torch.einsum("agm,agm->ag", x2, xz)

@@ -151,7 +151,9 @@ class AbsStats:
         x = x.float()
         n_rows, n_groups, m = x.shape
         groups = slice(group_start, group_start + n_groups)
-        a, sums, n_valid, all_finite = _tile_summary(x, valid)
+        a, sums, n_valid, finite = _tile_summary(x, valid)
+        a_top, threshold, mask = self._candidates(a, valid, group_start)
+        n_candidates, all_finite = torch.stack([torch.count_nonzero(mask), finite.long()]).tolist()  # the tile's one sync
         if not all_finite:  # rare: NaN/Inf present (or x⁴ overflows float32) → exact float64 path
             finite = torch.isfinite(x)
             seen = torch.ones_like(finite) if valid is None else valid.expand_as(x)
@@ -160,33 +162,37 @@ class AbsStats:
             valid = finite & seen
             a, sums, n_valid, _ = _tile_summary(x.double().masked_fill(~valid, 0.0), valid)
             a = a.float()
+            a_top, threshold, mask = self._candidates(a, valid, group_start)
+            n_candidates = int(torch.count_nonzero(mask))
         self.count[groups] += n_valid
         self.power_sums[groups] += sums
         codes = raw_codes(a).add_(torch.arange(n_groups, dtype=torch.int32, device=x.device).view(1, -1, 1) * _RAW_CODES)
         raw = torch.bincount(codes.view(-1), minlength=n_groups * _RAW_CODES).view(n_groups, _RAW_CODES)  # (A, g, M) -> (g, codes)
         raw[:, 0] -= n_rows * m - n_valid  # unobserved entries were zeroed: take them out of the lowest code again
         self.hist[groups] += fold_raw_histogram(raw)
-        self._update_top(a, valid, group_start, locate)
+        if n_candidates > self.k * n_rows * n_groups:  # early on nearly everything passes: cut each row to its top k first
+            kth = a_top.topk(min(self.k, m), dim=-1).values[..., -1:]  # (A, g, 1)
+            mask = a_top >= torch.maximum(threshold, kth)  # an entry of the top k of a union is in the top k of its row
+        self._take_top(a_top, mask, group_start, locate)
 
-    def _update_top(self, a: torch.Tensor, valid: torch.Tensor | None, group_start: int, locate: Locate | None) -> None:
-        """Candidates are entries ≥ the group's current k-th value (ties included), so selection stays exact.
+    def _candidates(self, a: torch.Tensor, valid: torch.Tensor | None, group_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(values, threshold, mask): entries ≥ the group's current k-th value (ties included) may enter the
+        top k; selecting among them keeps the top k exact.
 
         Unobserved entries of `a` are 0: harmless once every k-th value is positive (the usual case after the
         first tile); until then they are masked out explicitly.
         """
-        n_rows, n_groups, m = a.shape
-        k = self.k
-        threshold = self.top_values[group_start : group_start + n_groups, k - 1].view(1, -1, 1)
+        n_groups = a.shape[1]
+        threshold = self.top_values[group_start : group_start + n_groups, self.k - 1].view(1, -1, 1)
         if not all(self._positive_kth[group_start : group_start + n_groups]):
             positive = (threshold > 0).view(-1).tolist()
             self._positive_kth[group_start : group_start + n_groups] = positive
             if not all(positive):
                 threshold = threshold.clamp(min=0.0)
                 a = a if valid is None else a.masked_fill(~valid, EMPTY)
-        mask = a >= threshold
-        if int(torch.count_nonzero(mask)) > k * n_rows * n_groups:  # early on nearly everything passes: cut each row to its top k first
-            kth = a.topk(min(k, m), dim=-1).values[..., -1:]  # (A, g, 1)
-            mask = a >= torch.maximum(threshold, kth)  # an entry of the top k of a union is in the top k of its row
+        return a, threshold, a >= threshold
+
+    def _take_top(self, a: torch.Tensor, mask: torch.Tensor, group_start: int, locate: Locate | None) -> None:
         rows, cols, flat = mask.nonzero(as_tuple=True)
         if rows.numel() == 0:
             return
@@ -310,9 +316,9 @@ class AbsStats:
 _TENSOR_FIELDS = ("count", "nan", "inf", "power_sums", "hist", "top_values", "top_locations")
 
 
-def _tile_summary(x: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+def _tile_summary(x: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """For x (A, g, M): |x| with unobserved entries zeroed, (g, 4) float64 power sums, observed entries per
-    group, and whether the sums are finite (else the caller redoes the tile exactly)."""
+    group, and whether the sums are finite (a 0-dim bool on the device; if not, the caller redoes the tile exactly)."""
     n_rows, n_groups, m = x.shape
     if valid is None:
         xz = x
@@ -325,8 +331,7 @@ def _tile_summary(x: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Te
     s3 = torch.einsum("agm,agm->ag", x2, xz)
     s4 = torch.einsum("agm,agm->ag", x2, x2)
     sums = torch.stack([xz.sum(dim=-1), x2.sum(dim=-1), s3, s4], dim=-1).double().sum(dim=0)  # (g, 4)
-    all_finite = bool(torch.isfinite(sums).all())
-    return xz.abs(), sums, n_valid.to(torch.int64), all_finite
+    return xz.abs(), sums, n_valid.to(torch.int64), torch.isfinite(sums).all()
 
 
 @dataclass
@@ -357,10 +362,10 @@ class ChannelStats:
         """x (N, D) hidden states of N positions; valid (N,) bool or None."""
         a = torch.nan_to_num(x.float().abs(), nan=EMPTY, posinf=EMPTY)  # non-finite are counted by AbsStats
         if valid is not None:
-            a = a[valid]
-        self.absmax[layer] = torch.maximum(self.absmax[layer], a.amax(dim=0)) if a.shape[0] else self.absmax[layer]
+            a = torch.where(valid.view(-1, 1), a, EMPTY)  # EMPTY never reaches the threshold nor the max
+        torch.maximum(self.absmax[layer], a.amax(dim=0), out=self.absmax[layer])
         self.over_threshold[layer] += (a >= self.threshold).sum(dim=0)
-        self.positions[layer] += a.shape[0]
+        self.positions[layer] += a.shape[0] if valid is None else torch.count_nonzero(valid)
 
     def merge(self, other: ChannelStats) -> ChannelStats:
         if other.absmax.shape != self.absmax.shape or other.threshold != self.threshold:

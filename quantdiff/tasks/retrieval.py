@@ -48,7 +48,10 @@ class PreparedRetrieval:
 def encode_example(tokenizer, example: NeedleExample) -> NeedleItem:
     """Token ids of prompt and answer, and which prompt tokens overlap the answer span (by char offsets)."""
     prompt_ids, answer_ids = encode_pair(tokenizer, example.prompt, example.answer)
-    offsets = tokenizer(example.prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    try:
+        offsets = tokenizer(example.prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    except NotImplementedError:  # slow (Python) tokenizers have no offsets
+        raise DataError("the retrieval task needs a fast tokenizer (character offsets locate the answer span)") from None
     if len(offsets) != len(prompt_ids):
         raise DataError("the tokenizer splits the prompt differently on its own: cannot locate the answer span")
     start, end = example.answer_span

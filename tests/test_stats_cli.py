@@ -12,6 +12,7 @@ import pytest
 
 from quantdiff.cli import main
 from quantdiff.pairs import SizePreset, build_pair
+from quantdiff.report_stats import table5_values
 from quantdiff.savedir import save_pair
 from quantdiff.tokenizer import save_tokenizer, train_bpe
 
@@ -51,6 +52,9 @@ def test_pair_writes_versioned_json_and_plots(pair_dir, tmp_path):
             assert 0 < model[key]["median"] < values[0]
             assert len(model[key]["per_layer"]) == 2
     assert "per_map" in doc["models"][1]["attention_logits"] and "per_map" not in doc["models"][0]["attention_logits"]
+    row = table5_values(doc["models"][1])["hidden_states"]
+    block = doc["models"][1]["hidden_states"]
+    assert (row["Top-1"], row["Top-100"], row["Median"]) == (block["topk"][0]["value"], block["topk"][99]["value"], block["median"])
     assert sorted(p.name for p in plots.iterdir()) == sorted(
         f"{kind}_{key}.png" for kind in ("ccdf", "top1_per_layer") for key in ("attention_logits", "hidden_states")
     )

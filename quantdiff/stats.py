@@ -21,6 +21,7 @@ and LLM.int8's outlier features. Everything stays on the tensors' device until r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import torch
@@ -35,7 +36,7 @@ _RAW_CODES = 1 << (31 - _SHIFT)  # raw codes of all non-negative float32 bit pat
 N_BINS = _HI - _LO + 2  # column 0: [0, 2**MIN_EXP); columns 1 … _HI-_LO: log bins; last: [2**MAX_EXP, inf)
 DEFAULT_QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)
 EMPTY = -1.0  # top-k slot not filled yet (|x| ≥ 0)
-SIGNIFICANT_DIGITS = 10  # moments are float sums whose last bits depend on summation order: round them
+SIGNIFICANT_DIGITS = 8  # moments are float sums whose last bits depend on summation order: round them
 
 LLM_INT8_THRESHOLD = 6.0
 LLM_INT8_LAYER_FRACTION = 0.25
@@ -52,11 +53,12 @@ def fold_raw_histogram(raw: torch.Tensor) -> torch.Tensor:
     return torch.cat([raw[:, :_LO].sum(dim=1, keepdim=True), raw[:, _LO:_HI], raw[:, _HI:].sum(dim=1, keepdim=True)], dim=1)
 
 
-def bin_midpoints(device: torch.device | str = "cpu") -> torch.Tensor:
-    """(N_BINS,) float64 representative value of each column: 0 for underflow, the midpoint of log bins."""
+@lru_cache(maxsize=1)
+def bin_midpoints() -> torch.Tensor:
+    """(N_BINS,) float64 on CPU, representative value of each column: 0 for underflow, the midpoint of log
+    bins, 2**MAX_EXP for overflow."""
     edges = (torch.arange(_LO, _HI + 1, dtype=torch.int32) << _SHIFT).view(torch.float32).double()
-    mid = torch.cat([torch.zeros(1, dtype=torch.float64), (edges[:-1] + edges[1:]) / 2, edges[-1:]])
-    return mid.to(device)
+    return torch.cat([torch.zeros(1, dtype=torch.float64), (edges[:-1] + edges[1:]) / 2, edges[-1:]])
 
 
 def _round(x: float) -> float:
@@ -271,9 +273,8 @@ class AbsStats:
         }
         if n == 0:
             return out
-        qs = quantile_values(cpu.hist[0], n, quantiles, float(values[0]))
-        out["quantiles"] = {f"{q:g}": v for q, v in zip(quantiles, qs)}
-        out["median"] = quantile_values(cpu.hist[0], n, [0.5], float(values[0]))[0]
+        *qs, median = quantile_values(cpu.hist[0], n, [*quantiles, 0.5], float(values[0]))
+        out["quantiles"], out["median"] = {f"{q:g}": v for q, v in zip(quantiles, qs)}, median
         mean = s1 / n
         var = max(s2 / n - mean**2, 0.0)
         out["mean"], out["std"] = _round(mean), _round(var**0.5)

@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quantdiff.stats import (
     N_BINS,
@@ -185,3 +187,35 @@ def test_model_stats_round_trip_and_merge():
     summary = a.summary()["attention_logits"]
     assert summary["per_map"]["2"]["count"] == 2 * 60 and summary["per_map"]["1"]["count"] == 2 * 60
     assert all(e["map"] == (1 if e["head"] < 2 else 2) for e in summary["topk"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.lists(st.integers(-8, 8), min_size=1, max_size=60),
+    cuts=st.lists(st.integers(0, 60), max_size=4),
+    k=st.integers(1, 12),
+)
+def test_any_split_merges_to_the_naive_answer(data, cuts, k):
+    """Small integer data (many ties, zeros, fewer values than k): every split gives the naive top-k and counts."""
+    x = torch.tensor(data, dtype=torch.float32).view(1, 1, -1)
+    bounds = sorted({0, len(data), *[c for c in cuts if c <= len(data)]})
+    merged = AbsStats.empty(1, k, LOC)
+    for start, stop in zip(bounds, bounds[1:]):
+        part = AbsStats.empty(1, k, LOC)
+        part.update(x[:, :, start:stop], 0, None, lambda a, g, m, o=start: torch.stack([a, g, m + o], dim=1))
+        merged.merge(part)
+    naive = sorted(((abs(v), i) for i, v in enumerate(data)), key=lambda e: (-e[0], e[1]))[:k]
+    summary = merged.pooled().summary()
+    assert [(e["value"], e["flat"]) for e in summary["topk"]] == [(float(v), i) for v, i in naive]
+    assert summary["count"] == len(data) == int(merged.hist.sum())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_statistics_equal_cpu_statistics():
+    x = _heavy_tailed((4, 3, 5000), seed=11)
+    valid = torch.rand(4, 1, 5000, generator=torch.Generator().manual_seed(12)) > 0.2
+    cpu = _fill(AbsStats.empty(3, 40, LOC), x, valid, (2,))
+    gpu = _fill(AbsStats.empty(3, 40, LOC, "cuda"), x.cuda(), valid.cuda(), (2,))
+    assert gpu.hist.is_cuda and gpu.top_values.is_cuda  # statistics stay on the device
+    for name in ("count", "hist", "top_values", "top_locations"):
+        assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name

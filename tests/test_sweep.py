@@ -161,3 +161,23 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(trained_pair, tmp_path, ca
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(message, lines[0]), err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_model_names(trained_pair, tmp_path, monkeypatch):
+    from quantdiff import zoo
+    from quantdiff.evaluate import resolve_models
+
+    pair = trained_pair / "pair"
+    monkeypatch.setattr(zoo, "ASSETS", trained_pair)
+    (trained_pair / "tiny").mkdir(exist_ok=True)
+    for kind in ("standard", "diff"):
+        if not (trained_pair / "tiny" / kind).exists():
+            (trained_pair / "tiny" / kind).symlink_to(pair / kind)
+    assert [name for name, _ in resolve_models(["tiny"])] == ["tiny/standard", "tiny/diff"]
+    assert [name for name, _ in resolve_models([str(pair / "diff"), "tiny/standard"])] == ["diff", "tiny/standard"]
+    twin = tmp_path / "other" / "diff"
+    twin.parent.mkdir()
+    twin.symlink_to(pair / "diff")
+    assert [name for name, _ in resolve_models([str(pair / "diff"), str(twin)])] == [str(pair / "diff"), str(twin)]
+    with pytest.raises(ConfigError, match="named twice"):
+        resolve_models([str(pair / "diff"), str(pair / "diff")])

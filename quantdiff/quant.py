@@ -9,7 +9,9 @@ input's dtype.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -80,13 +82,21 @@ def absmax(x: torch.Tensor, granularity: Granularity, mask: torch.Tensor | None 
     return mag.amax(dim=dims, keepdim=True)
 
 
+def _inverse_and_scale(amax: torch.Tensor, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qmax / amax, amax / qmax), float32. bitsandbytes multiplies by 127 / absmax, so do we.
+
+    A zero amax, or one so small (< ~1e-36) that qmax / amax overflows, gives inverse 0: codes 0, no NaN.
+    """
+    inv = q / amax.float()
+    return torch.where(torch.isfinite(inv), inv, torch.zeros_like(inv)), amax.float() / q
+
+
 def _scaled_grid(x: torch.Tensor, amax: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes as a fresh float32 tensor, scale). A zero amax gives codes 0 (no NaN)."""
+    """(codes as a fresh float32 tensor, scale)."""
     q = qmax(bits)
-    amax = amax.float()
-    inv = torch.where(amax > 0, q / amax, torch.zeros_like(amax))  # bitsandbytes multiplies by 127 / absmax
+    inv, scale = _inverse_and_scale(amax, q)
     # One float buffer, updated in place from here on: fresh tensors of logits size cost more than the arithmetic.
-    return (x.float() * inv).round_().clamp_(-q, q), amax / q
+    return (x.float() * inv).round_().clamp_(-q, q), scale
 
 
 def quantize_with_absmax(x: torch.Tensor, amax: torch.Tensor, bits: int, mask: torch.Tensor | None = None) -> QuantResult:
@@ -104,6 +114,9 @@ def quantize_with_absmax(x: torch.Tensor, amax: torch.Tensor, bits: int, mask: t
 
 def fake_quantize_with_absmax(x: torch.Tensor, amax: torch.Tensor, bits: int, mask: torch.Tensor | None = None) -> torch.Tensor:
     """`quantize_with_absmax(...).dequant` without materialising the integer codes: the logits tiles' hot path."""
+    if x.is_cuda:  # one fused kernel instead of five passes over a logits-sized tensor
+        q = qmax(bits)
+        return _fused_fake_quant()(x, *_inverse_and_scale(amax, q), q, mask)
     grid, scale = _scaled_grid(x, amax, bits)
     return _dequantize_into(grid, scale, x, mask)
 
@@ -113,6 +126,19 @@ def _dequantize_into(grid: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, m
     if mask is not None:
         dequant = torch.where(mask, dequant, x.float(), out=dequant)
     return dequant.to(x.dtype)
+
+
+def _fake_quant_math(x: torch.Tensor, inv: torch.Tensor, scale: torch.Tensor, q: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """The same float32 operations as _scaled_grid + _dequantize_into, out of place, for torch.compile to fuse."""
+    dequant = (x.float() * inv).round().clamp(-q, q) * scale
+    if mask is not None:
+        dequant = torch.where(mask, dequant, x.float())
+    return dequant.to(x.dtype)
+
+
+@functools.cache
+def _fused_fake_quant() -> Callable:
+    return torch.compile(_fake_quant_math, dynamic=True)
 
 
 def absmax_quantize(

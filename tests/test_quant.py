@@ -99,6 +99,12 @@ def test_zero_tensor_gives_zero_codes_without_nan(g):
     assert torch.equal(r.dequant, torch.zeros(3, 4)) and not r.codes.any() and not r.scale.any()
 
 
+@pytest.mark.parametrize("tiny", [1.4e-45, 1e-40, 1e-37], ids=["subnormal-min", "subnormal", "below-127/max"])
+def test_tiny_absmax_flushes_to_zero_without_nan(tiny):
+    r = absmax_quantize(torch.tensor([[0.0, tiny, -tiny]]), 8)  # 127 / absmax overflows float32
+    assert torch.equal(r.dequant, torch.zeros(1, 3)) and not r.codes.any()
+
+
 def test_zero_row_next_to_nonzero_rows():
     x = torch.tensor([[0.0, 0.0], [7.0, -3.0]])
     r = absmax_quantize(x, 4, PerRow())  # row 1: scale 7 / 7 = 1

@@ -357,3 +357,15 @@ def test_cli_eval_compares_source_and_reloaded_export(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):  # an unknown task is refused before anything is written
         main(["quantize", str(tmp_path / "src"), "--out", str(tmp_path / "other"), "--eval", "nope"])
     assert not (tmp_path / "other").exists()
+
+
+def test_bfloat16_source_round_trips_in_bfloat16(tmp_path):
+    build_pair(PRESET)["standard"].to(torch.bfloat16).save_pretrained(tmp_path / "src")
+    export_quantized(tmp_path / "src", tmp_path / "q", AbsmaxExport(5))
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["dtype"] == "bfloat16"
+    reloaded = load_quantized(tmp_path / "q", device="cpu")
+    model, expect = _in_memory(tmp_path / "src", QuantConfig(AbsmaxMethod(5), LinearSite(inputs=False)))
+    assert model.dtype == reloaded.dtype == torch.bfloat16
+    for fqn, module in linear_targets(model, LinearSite()):
+        assert torch.equal(dict(reloaded.named_parameters())[f"{fqn}.weight"], fake_quant_weight(module.weight, AbsmaxMethod(5)))
+    assert torch.equal(_logits(reloaded), expect)

@@ -321,18 +321,24 @@ def _tile_summary(x: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Te
     """For x (A, g, M): |x| with unobserved entries zeroed, (g, 4) float64 power sums, observed entries per
     group, and whether the sums are finite (a 0-dim bool on the device; if not, the caller redoes the tile exactly)."""
     n_rows, n_groups, m = x.shape
+    a = x.abs()
     if valid is None:
-        xz = x
+        s1 = x.sum(dim=-1)
         n_valid = torch.full((n_groups,), n_rows * m, dtype=torch.int64, device=x.device)
     else:
-        xz = torch.where(valid, x, 0.0)  # (A, g, M)
+        a.masked_fill_(~valid, 0.0)  # in place: the tile is the big tensor, the mask is 1/H of it
+        weights = valid.to(x.dtype).expand(n_rows, -1, m)  # (A, 1|g, M)
+        if weights.shape[1] == 1:  # one mask for all groups: a batched GEMV reads x once, no masked copy
+            s1 = (x @ weights.transpose(1, 2)).squeeze(-1)  # (A, g, M) @ (A, M, 1) -> (A, g)
+        else:
+            s1 = (x * weights).sum(dim=-1)
         n_valid = torch.count_nonzero(valid.expand(n_rows, -1, m), dim=(0, 2)).expand(n_groups)  # (g,): heads share one mask
-    # Power sums per (row, group) with BLAS dot products; float64 across rows.
-    x2 = xz * xz
-    s3 = torch.einsum("agm,agm->ag", x2, xz)
+    # Power sums per (row, group) as BLAS dot products of masked squares with x: float32 per row, float64 across rows.
+    x2 = a * a  # (A, g, M), zero where unobserved
+    s3 = torch.einsum("agm,agm->ag", x2, x)
     s4 = torch.einsum("agm,agm->ag", x2, x2)
-    sums = torch.stack([xz.sum(dim=-1), x2.sum(dim=-1), s3, s4], dim=-1).double().sum(dim=0)  # (g, 4)
-    return xz.abs(), sums, n_valid.to(torch.int64), torch.isfinite(sums).all()
+    sums = torch.stack([s1, x2.sum(dim=-1), s3, s4], dim=-1).double().sum(dim=0)  # (g, 4)
+    return a, sums, n_valid.to(torch.int64), torch.isfinite(sums).all()
 
 
 @dataclass

@@ -26,7 +26,7 @@ def stats(
 
     Runs unchanged under `torchrun --nproc-per-node N`: ranks split the batches, rank 0 merges and writes.
     """
-    from ..statsrun import StatsOptions, run
+    from ..statsjob import StatsOptions, run
 
     options = StatsOptions(
         models=tuple(models),

@@ -84,7 +84,7 @@ def make_batch(step: int, data: PairData, recipe: Recipe) -> tuple[torch.Tensor,
     B, T = cfg.batch_size, cfg.seq_len
     generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
     is_needle = torch.rand(B, generator=generator) < recipe.data.retrieval_fraction
-    starts = torch.randint(0, len(data.train_ids) - T - 1, (B,), generator=generator)
+    starts = torch.randint(0, len(data.train_ids) - T - 1, (B,), generator=generator)  # drawn for every row: fixed RNG use
     rows = torch.full((B, T + 1), data.tokenizer.pad_token_id, dtype=torch.long)
     targets_valid = torch.ones(B, T + 1, dtype=torch.bool)
     for r in range(B):

@@ -2,9 +2,9 @@
 
 A document is filler sentences with needles inserted at chosen depths, then queries::
 
-    <filler> Remember Falcon amber harp cobalt. <filler> Remember Orchid velvet moss pebble. <filler>
-    Recall Orchid velvet moss pebble. Recall Falcon            ← prompt ends here
-                      amber harp cobalt.                       ← answer
+    <filler> Remember Falcon cobalt tiger kiwi. <filler> Remember Orchid walrus pixel onion. <filler>
+    Recall Orchid walrus pixel onion. Recall Falcon            ← prompt ends here
+                      cobalt tiger kiwi.                       ← answer
 
 The key sits right before its value, and the value is a multi-token span (three words) seen earlier in
 the context. Key and value words never occur in the corpus and are single tokens of the trained tokenizer
@@ -19,7 +19,7 @@ API (all deterministic given the `random.Random` passed in):
   exactly when pieces are joined with one leading space each (byte-level BPE pre-tokenizes at spaces),
   so documents fit a token budget without re-tokenizing.
 - `make_needle_example(rng, filler, context_tokens, n_needles, depths, n_queries=1) -> NeedleExample`:
-  `prompt + answer` has at most `context_tokens` tokens (filler stops a sentence short of the budget).
+  `prompt + answer` has at most `context_tokens` tokens (the last filler sentence is cut at a word to fit).
   `depths[i]` ∈ [0, 1] places needle i at that fraction of the filler (0 = start, 1 = just before the
   queries). The last of `n_queries` queries is unanswered; earlier ones are answered in the prompt (the
   training documents query every needle).
@@ -28,6 +28,8 @@ API (all deterministic given the `random.Random` passed in):
   needle sentence i, `value_spans[i]` = its value, `answer_span` = the queried needle's value (the span
   the paper's "attention to answer" measures). Map them to tokens with a fast tokenizer's
   `return_offsets_mapping=True`.
+- `vocabulary_text()`: text to append to a tokenizer's training text so needle words are single tokens
+  (with another tokenizer the task still works; the words are then multi-token and harder to copy).
 """
 
 from __future__ import annotations

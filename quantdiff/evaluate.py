@@ -4,6 +4,7 @@ print and write the cells. The CLI commands and recipes call these; the sweep lo
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -148,7 +149,7 @@ def run_models(
 
 def report(cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool) -> None:
     """Print the cells as a table; write them as JSON if asked."""
-    out = Console(highlight=False)
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # pipes get whole rows, not 80 columns
     out.print(sweep_table(cells, task.metrics, title=f"task: {task.name}"))
     if json_path is not None:
         write_json(cells, json_path)

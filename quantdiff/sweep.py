@@ -95,16 +95,19 @@ def describe(config: QuantConfig | None) -> tuple[str | None, int | None, str | 
     return data["method"]["name"], data["method"]["bits"], data["site"]["name"]
 
 
-def config_label(config: QuantConfig | None) -> str:
-    method, bits, site = describe(config)
-    return REFERENCE if config is None else f"{method} {bits}b @{site}"
+def label(method: str | None, bits: int | None, site: str | None) -> str:
+    return REFERENCE if method is None else f"{method} {bits}b @{site}"
+
+
+def cell_label(cell: Cell) -> str:
+    return label(cell.method, cell.bits, cell.site)
 
 
 CellProgress = Callable[[str, int], Callable[[float], None]]  # (label, total units) -> advance(n)
 
 
 def run_cell(model: nn.Module, name: str, task: Task, prepared: Any, config: QuantConfig | None, progress: CellProgress | None = None) -> Cell:
-    advance = progress(f"{name} · {config_label(config)}", len(prepared)) if progress is not None else None
+    advance = progress(f"{name} · {label(*describe(config))}", len(prepared)) if progress is not None else None
     with quantized(model, config):
         metrics = task.evaluate(model, prepared, advance)
     return Cell(name, task.name, *describe(config), metrics)
@@ -165,8 +168,8 @@ def sweep_table(cells: Sequence[Cell], metrics: Sequence[str], title: str | None
     headline = metrics[0]
     reference = {c.model: c.metrics.get(headline) for c in cells if c.is_reference}
     table = Table(title=title)
-    for column in ("model", "method", "bits", "site"):
-        table.add_column(column)
+    table.add_column("model")
+    table.add_column("quantization")
     for metric in metrics:
         table.add_column(metric, justify="right")
     table.add_column(f"Δ {headline}", justify="right")
@@ -174,7 +177,7 @@ def sweep_table(cells: Sequence[Cell], metrics: Sequence[str], title: str | None
         values = [_format(c.metrics[m]) if m in c.metrics else "–" for m in metrics]
         base = reference.get(c.model)
         delta = "" if c.is_reference or base is None else f"{c.metrics[headline] - base:+.4f}"
-        table.add_row(c.model, c.method or REFERENCE, "–" if c.bits is None else str(c.bits), c.site or "–", *values, delta)
+        table.add_row(c.model, cell_label(c), *values, delta)
     return table
 
 

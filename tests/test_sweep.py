@@ -91,7 +91,8 @@ def test_16_bits_equal_the_reference_and_2_bits_differ(trained_pair):
 def test_table_shows_the_change_from_the_reference():
     cells = [Cell("m", "lm", None, None, None, {"accuracy": 0.5}), Cell("m", "lm", "absmax", 4, "logits", {"accuracy": 0.25})]
     table = sweep_table(cells, ("accuracy",))
-    assert [col.header for col in table.columns][-1] == "Δ accuracy"
+    assert [col.header for col in table.columns] == ["model", "quantization", "accuracy", "Δ accuracy"]
+    assert list(table.columns[1].cells) == ["reference", "absmax 4b @logits"]
     assert list(table.columns[-1].cells) == ["", "-0.2500"]
 
 

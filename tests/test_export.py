@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from quantdiff import __version__, loading
+from quantdiff.attention import taps
 from quantdiff.cli import main
 from quantdiff.errors import ConfigError, LoadError
 from quantdiff.export import (
@@ -231,8 +232,11 @@ def test_nf4_export_loads_in_transformers(sources, tmp_path):
         (["--bits", "x"], "bits must be an integer"),
         (["--method", "nf4", "--bits", "8"], "stores 4-bit weights"),
         (["--method", "gptq"], "unknown export method"),
+        (["--attention-bits", "17"], "bits"),
+        (["--attention-bits", "8", "--attention-site", "linear"], "logits or qk"),
+        (["--attention-bits", "8", "--attention-method", "llm-int8"], "use site 'qk'"),
     ],
-    ids=["bits=1", "bits=9", "bits=x", "nf4-bits=8", "unknown-method"],
+    ids=["bits=1", "bits=9", "bits=x", "nf4-bits=8", "unknown-method", "attention-bits=17", "attention-linear", "attention-llm-int8-logits"],
 )
 def test_cli_bad_arguments(sources, tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -256,10 +260,12 @@ def test_cli_out_is_a_file_or_not_empty(sources, tmp_path, capsys):
 
 
 def test_cli_writes_and_summarises(sources, tmp_path, capsys):
-    main(["quantize", str(sources["standard"]), "--out", str(tmp_path / "q"), "--bits", "4"])
+    main(["quantize", str(sources["standard"]), "--out", str(tmp_path / "q"), "--bits", "4", "--attention-bits", "6", "--attention-site", "qk"])
     text = capsys.readouterr().out
-    assert "absmax 4-bit" in text and "modules quantized: 14" in text and "lm_head" in text
+    assert "absmax 4-bit" in text and "modules quantized: 14" in text and "lm_head" in text and "absmax 6-bit at site qk" in text
     assert is_quantdiff_checkpoint(tmp_path / "q")
+    reloaded = load_quantized(tmp_path / "q", device="cpu")
+    assert all(tap.operand_quantizer is not None for tap in taps(reloaded))
 
 
 KILL_DRIVER = textwrap.dedent(

@@ -8,8 +8,9 @@ uninterrupted one (on the same device and thread count).
 
 Each batch row is either a window of the training split or, with probability `retrieval_fraction`, a
 needle document (quantdiff/tasks/retrieval_data.py) whose filler comes from the training split. The
-curriculum raises the needles per document from 1 to `retrieval_max_needles` over the first half of
-training: single-needle copy is learned first, then picking the right needle among several.
+curriculum, over the first half of training, raises the needles per document from 1 to
+`retrieval_max_needles` and spreads them from the last 10% of the document (copy distance of a few
+tokens, which a tiny model picks up first) to anywhere in it (copy across the whole context).
 """
 
 from __future__ import annotations
@@ -65,16 +66,17 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def needles_at(step: int, recipe: Recipe) -> int:
-    """Curriculum: the most needles a document may hold at `step` (1 → max over the first half)."""
-    half = max(1, recipe.train.steps // 2)
-    return 1 + (recipe.data.retrieval_max_needles - 1) * min(step, half) // half
+def curriculum(step: int, recipe: Recipe) -> tuple[int, float]:
+    """(most needles per document, share of the document they spread over) at `step`: grows over the first half."""
+    progress = min(1.0, step / max(1, recipe.train.steps // 2))
+    return 1 + int((recipe.data.retrieval_max_needles - 1) * progress), 0.1 + 0.9 * progress
 
 
-def needle_document(rng: random.Random, data: PairData, length: int, max_needles: int) -> list[int]:
+def needle_document(rng: random.Random, data: PairData, length: int, max_needles: int, spread: float) -> list[int]:
     """Token ids of one training needle document (every needle queried and answered), ≤ `length` tokens."""
     n = rng.randint(1, max_needles)
-    example = make_needle_example(rng, data.filler, length, n, [rng.random() for _ in range(n)], n_queries=n)
+    depths = [1.0 - spread * rng.random() for _ in range(n)]
+    example = make_needle_example(rng, data.filler, length, n, depths, n_queries=n)
     return data.tokenizer(example.text, add_special_tokens=False)["input_ids"]
 
 
@@ -89,7 +91,7 @@ def make_batch(step: int, data: PairData, recipe: Recipe) -> tuple[torch.Tensor,
     targets_valid = torch.ones(B, T + 1, dtype=torch.bool)
     for r in range(B):
         if is_needle[r]:
-            ids = needle_document(random.Random(f"{cfg.seed}/{step}/{r}"), data, T + 1, needles_at(step, recipe))
+            ids = needle_document(random.Random(f"{cfg.seed}/{step}/{r}"), data, T + 1, *curriculum(step, recipe))
             rows[r, : len(ids)] = torch.tensor(ids)
             targets_valid[r, len(ids) :] = False
         else:

@@ -71,9 +71,11 @@ def test_lr_schedule_warms_up_then_follows_the_cosine(recipe):
         assert training.lr_at(step, cfg) == pytest.approx(cfg.min_lr + (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t)) / 2)
 
 
-def test_curriculum_grows_needles_to_the_maximum_by_mid_training(recipe):
-    counts = [training.needles_at(step, recipe) for step in range(recipe.train.steps)]
-    assert counts[0] == 1 and counts[recipe.train.steps // 2] == 2 and counts == sorted(counts)
+def test_curriculum_grows_needles_and_spread_until_mid_training(recipe):
+    stages = [training.curriculum(step, recipe) for step in range(recipe.train.steps)]
+    assert stages[0] == (1, pytest.approx(0.1))
+    assert stages[recipe.train.steps // 2] == (2, pytest.approx(1.0)) == stages[-1]
+    assert stages == sorted(stages)
 
 
 def test_batches_are_a_pure_function_of_seed_and_step(synthetic_corpus, recipe):

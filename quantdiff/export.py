@@ -196,7 +196,7 @@ def export_quantized(
     targets = linear_targets(model, LinearSite(include_lm_head=include_lm_head))
     if not targets:
         raise ConfigError(f"no nn.Linear layer to quantize in {source}")
-    tied = _tied_to_other(model, [m for _, m in targets])
+    tied = _tied_to_other(model, targets)
     if tied:
         raise ConfigError(f"{tied} shares its weight with another tensor (tied embeddings): it cannot be quantized alone")
     chosen = {fqn for fqn, _ in targets}
@@ -227,12 +227,7 @@ def export_quantized(
     metadata = {"format": "pt", "quantdiff_version": __version__, "quantization_config": json.dumps(section, sort_keys=True)}
     with atomic_dir(out, force) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        for file in source.iterdir():  # tokenizer and generation settings; never weights, pickles or the index
-            if file.is_file() and file.suffix not in (".safetensors", *loading.PICKLE_SUFFIXES) and file.name not in (
-                "config.json",
-                "model.safetensors.index.json",
-            ):
-                shutil.copy2(file, tmp / file.name)
+        _copy_side_files(source, tmp)
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata=metadata)
         _verify(tmp / WEIGHTS_NAME, tensors)  # before the rename: a checkpoint that does not read back never appears
     source_bytes = sum(f.stat().st_size for f in source.glob("*.safetensors"))
@@ -240,15 +235,20 @@ def export_quantized(
     return ExportSummary(out, section, sorted(chosen), skipped, source_bytes, out_bytes, quantized_bytes, bf16_bytes)
 
 
-def _tied_to_other(model: nn.Module, modules: list[nn.Module]) -> str | None:
-    """Name of a chosen module whose weight is also held under another name (e.g. lm_head tied to embeddings)."""
-    owners: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        owners.setdefault(id(param), []).append(name)
-    for fqn, module in model.named_modules():
-        if any(module is m for m in modules) and len(owners.get(id(module.weight), [])) > 1:
-            return fqn
-    return None
+def _tied_to_other(model: nn.Module, targets: list[tuple[str, nn.Linear]]) -> str | None:
+    """Name of a target whose weight is also held under another name (e.g. lm_head tied to the embeddings)."""
+    names_per_param: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        names_per_param[id(param)] = names_per_param.get(id(param), 0) + 1
+    return next((fqn for fqn, module in targets if names_per_param[id(module.weight)] > 1), None)
+
+
+def _copy_side_files(source: Path, target: Path) -> None:
+    """Tokenizer and generation settings; never weights, pickles, the weight index or the old config."""
+    for file in source.iterdir():
+        if file.is_file() and file.suffix not in (".safetensors", *loading.PICKLE_SUFFIXES):
+            if file.name not in ("config.json", "model.safetensors.index.json"):
+                shutil.copy2(file, target / file.name)
 
 
 def _plain_tensors(model: nn.Module, exclude: set[str]) -> Tensors:

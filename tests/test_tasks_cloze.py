@@ -27,9 +27,10 @@ def test_same_seed_same_items_other_seed_other_items():
     assert first != cloze.build_cloze_set(text, 20, seed=4)
 
 
-def test_true_ending_follows_context_and_distractors_come_from_elsewhere():
+def test_true_ending_follows_context_and_distractors_are_length_neighbours_from_elsewhere():
     text = synthetic_text()
     paragraphs = text.split("\n")
+    pool_lengths = sorted(len(s) for p in paragraphs for s in cloze.paragraph_sentences(p))
     for item in cloze.build_cloze_set(text, 30, seed=0):
         assert len(item.endings) == cloze.N_ENDINGS and 0 <= item.label < cloze.N_ENDINGS
         true = item.endings[item.label]
@@ -38,7 +39,17 @@ def test_true_ending_follows_context_and_distractors_come_from_elsewhere():
         for i, ending in enumerate(item.endings):
             if i != item.label:
                 assert int(ending.split()[1]) != home_index  # "Paragraph <n> ...": from another paragraph
-                assert 1 / cloze.LENGTH_RATIO <= len(ending) / len(true) <= cloze.LENGTH_RATIO
+                lo, hi = sorted((len(ending), len(true)))
+                between = sum(lo < n < hi for n in pool_lengths)
+                assert between < cloze.LENGTH_WINDOW  # no further from the true ending than the window reaches
+
+
+def test_length_does_not_give_the_answer_away():
+    """The true ending's length rank among its item is near uniform (shortest or longest about 1 in 4)."""
+    items = cloze.build_cloze_set(synthetic_text(n_paragraphs=200), 400, seed=0)
+    strictly_shortest = sum(all(len(e) > len(i.endings[i.label]) for k, e in enumerate(i.endings) if k != i.label) for i in items)
+    strictly_longest = sum(all(len(e) < len(i.endings[i.label]) for k, e in enumerate(i.endings) if k != i.label) for i in items)
+    assert strictly_shortest < 0.35 * len(items) and strictly_longest < 0.35 * len(items)
 
 
 def test_titles_do_not_end_sentences():

@@ -142,13 +142,15 @@ def reference_scores(eager_model, items) -> tuple[float, float]:
 @pytest.mark.parametrize("kind", ["standard", "diff"])
 def test_attention_scores_match_eager_maps_and_follow_quantization(filler_file, tokenizer, eager_pair, kind):
     items = make_task(filler_file).prepare(tokenizer).items
-    model = prepare(copy.deepcopy(eager_pair[kind]), tile_size=32)
+    model = prepare(copy.deepcopy(eager_pair[kind]), tile_size=4)  # tiles narrower than the answer rows
     expected = reference_scores(eager_pair[kind], items)
     got = answer_attention(model, items, batch_size=4)  # padded batches of unequal documents
     assert got == pytest.approx(expected, abs=1e-5)
+    # One document per batch: no padding mask, so key tiles skip the query rows before their first key.
+    assert answer_attention(model, items, batch_size=1) == pytest.approx(expected, abs=1e-5)
     if kind == "standard":  # softmax rows sum to 1; the rest went to earlier answer tokens (neither A nor N)
         assert 0.5 < sum(got) < 1.0
-    assert [t.tile_size for t in attention.taps(model)] == [32, 32] and not any(t._forward_hooks for t in attention.taps(model))
+    assert not any(t._forward_hooks for t in attention.taps(model))  # hooks removed
     # The maps are those of the quantized logits: 16 bits changes the scores far less than 2 bits does.
     # (Random weights attend almost uniformly, so even 2 bits moves the *averages* only by ~1e-3.)
     with quantized(model, parse_config("absmax", 16, "logits")):

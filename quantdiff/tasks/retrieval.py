@@ -9,18 +9,16 @@ Documents come from `retrieval_data` (key → value needles in held-out filler, 
   (answer span A) and on the rest of the prompt (noise N; earlier answer tokens count in neither), averaged
   over answer tokens, heads and layers, then over documents. For a differential head the map is
   (A1 − λ·A2) / (1 − λ), λ the layer's λ. The maps are the softmax of the logits *as the taps output them*,
-  so a quantization applied to the logits shows in the scores.
+  so a quantization applied to the logits shows in the scores; only the answer rows are kept, tile by tile.
 """
 
 from __future__ import annotations
 
 import random
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
-
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .. import attention
@@ -87,44 +85,42 @@ def differential_lambda(module: nn.Module) -> float:
     return float(torch.exp(dot(module.lambda_q1, module.lambda_k1)) - torch.exp(dot(module.lambda_q2, module.lambda_k2)) + module.lambda_init)
 
 
-@contextmanager
-def captured_attention(model: nn.Module, rows: int) -> Iterator[list[torch.Tensor]]:
-    """Collect, per layer, the attention maps (B, heads, rows, S) of the last `rows` query rows.
+@torch.no_grad()
+def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> list[torch.Tensor]:
+    """Per layer, the attention maps (B, heads, rows, S) of the last `rows` query rows of a left-padded batch.
 
-    Differential layers yield their combined (A1 − λA2)/(1 − λ) maps (H/2 heads). One key tile spans all keys
-    while capturing, so each hook call sees whole rows; tile sizes are restored afterwards.
+    Tap hooks keep only those rows of every key tile, so memory grows with rows·S, not S². Differential
+    layers yield their combined (A1 − λA2)/(1 − λ) maps (H/2 heads).
     """
-    maps: list[torch.Tensor] = []
     modules = list(attention.iter_attention_modules(model))
     if not modules:
         raise DataError("attention scores need a model loaded with quantdiff (no attention taps found)")
-    tile_sizes = [m.quantdiff_tap.tile_size for m in modules]
+    tiles: dict[int, list[tuple[int, torch.Tensor]]] = {}
 
-    def hook_for(module: nn.Module):
-        lam = differential_lambda(module) if attention.is_differential(module) else None
+    def keep_last_rows(tap: attention.Tap, args: tuple, logits: torch.Tensor) -> None:
+        ctx = args[1]
+        last = logits.float().masked_fill(~ctx.valid.expand_as(logits), float("-inf"))[:, :, -rows:]  # (B, H, ≤rows, cols)
+        # A tile may start below some of the wanted rows (queries before its first key): those see none of it.
+        last = F.pad(last, (0, 0, rows - last.shape[2], 0), value=float("-inf"))  # (B, H, rows, cols)
+        tiles.setdefault(ctx.layer_idx, []).append((ctx.k_start, last))
 
-        def hook(tap: attention.Tap, args: tuple, logits: torch.Tensor) -> None:
-            ctx = args[1]
-            valid = ctx.valid.expand_as(logits)[:, :, -rows:]
-            probs = torch.softmax(logits[:, :, -rows:].float().masked_fill(~valid, float("-inf")), dim=-1)
-            probs = probs.nan_to_num(0.0)  # padding rows attend to nothing
-            if lam is not None:
-                a1, a2 = probs.chunk(2, dim=1)  # (B, H/2, rows, S) each: head i pairs with head i + H/2
-                probs = (a1 - lam * a2) / (1 - lam)
-            maps.append(probs)
-
-        return hook
-
-    handles = [m.quantdiff_tap.register_forward_hook(hook_for(m)) for m in modules]
-    for m in modules:
-        m.quantdiff_tap.tile_size = None
+    handles = [m.quantdiff_tap.register_forward_hook(keep_last_rows) for m in modules]
     try:
-        yield maps
+        ids, mask, positions = left_pad(seqs, model_device(model))
+        model(input_ids=ids, attention_mask=mask, position_ids=positions)
     finally:
         for handle in handles:
             handle.remove()
-        for m, size in zip(modules, tile_sizes):
-            m.quantdiff_tap.tile_size = size
+    maps = []
+    for module in sorted(modules, key=lambda m: m.quantdiff_tap.layer_idx):
+        logits = torch.cat([t for _, t in sorted(tiles[module.quantdiff_tap.layer_idx], key=lambda kt: kt[0])], dim=-1)  # (B, H, rows, S)
+        probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # padding rows attend to nothing
+        if attention.is_differential(module):
+            lam = differential_lambda(module)
+            a1, a2 = probs.chunk(2, dim=1)  # (B, H/2, rows, S) each: head i pairs with head i + H/2
+            probs = (a1 - lam * a2) / (1 - lam)
+        maps.append(probs)
+    return maps
 
 
 @torch.no_grad()
@@ -135,10 +131,8 @@ def answer_attention(model: nn.Module, items: list[NeedleItem], batch_size: int 
         batch = items[start : start + batch_size]
         inputs = [it.prompt_ids + it.answer_ids[:-1] for it in batch]
         rows = max(len(it.answer_ids) for it in batch)
-        ids, mask, positions = left_pad(inputs, model_device(model))
-        with captured_attention(model, rows) as maps:
-            model(input_ids=ids, attention_mask=mask, position_ids=positions)
-        width = ids.shape[1]
+        maps = last_rows_attention(model, inputs, rows)
+        width = max(len(seq) for seq in inputs)
         for b, (it, seq) in enumerate(zip(batch, inputs)):
             first = width - len(seq)  # column of the sequence's first token
             answer = torch.zeros(width, dtype=torch.bool)

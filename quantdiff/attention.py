@@ -109,19 +109,20 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(b, hkv, n_rep, s, d).reshape(b, hkv * n_rep, s, d)
 
 
-def _is_repeat_call(module: nn.Module, query: torch.Tensor, key: torch.Tensor) -> bool:
+def _repeat_state(module: nn.Module, query: torch.Tensor, key: torch.Tensor) -> dict | None:
     """DiffLlama calls attention twice per layer with the *same* Q and K tensors (once per half of V).
 
-    Taps must see each logit once, so the second call runs the tap's quantizers without its hooks.
+    Returns the state the first call left (quantized operands, logits absmax) on the repeat call, else None and
+    starts a new state. Taps must see each logit once, so the repeat call runs quantizers without hooks.
     """
     if not is_differential(module):
-        return False
-    last = getattr(module, "_quantdiff_last_qk", None)
-    if last is not None and last[0] is query and last[1] is key:
-        module._quantdiff_last_qk = None
-        return True
-    module._quantdiff_last_qk = (query, key)
-    return False
+        return None
+    last = getattr(module, "_quantdiff_last_call", None)
+    if last is not None and last["query"] is query and last["key"] is key:
+        module._quantdiff_last_call = None
+        return last
+    module._quantdiff_last_call = {"query": query, "key": key}
+    return None
 
 
 def quantdiff_attention_forward(
@@ -141,26 +142,30 @@ def quantdiff_attention_forward(
     if tap is None or (tap.operand_quantizer is None and not tap.needs_logits) or dropout > 0.0:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
-    repeat = _is_repeat_call(module, query, key)
+    repeat = _repeat_state(module, query, key)
+    state = repeat if repeat is not None else getattr(module, "_quantdiff_last_call", None) or {}
     if tap.operand_quantizer is not None:
-        query, key = tap.operand_quantizer(query, key)
+        if "operands" not in state:
+            state["operands"] = tap.operand_quantizer(query, key)
+        query, key = state["operands"]
     if not tap.needs_logits:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling, **kwargs)
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2  # additive float mask -> bool
-    return _tiled_attention(module, tap, query, key, value, attention_mask, scaling, observe=not repeat)
+    return _tiled_attention(tap, query, key, value, attention_mask, scaling, state, observe=repeat is None)
 
 
 def _tiled_attention(
-    module: nn.Module,
     tap: Tap,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     mask: torch.Tensor | None,
     scaling: float,
+    state: dict,
     observe: bool,
 ) -> tuple[torch.Tensor, None]:
+    """Online-softmax attention over key tiles; `state` carries the logits absmax to a Diff repeat call."""
     b, h, t, _ = query.shape
     s = key.shape[2]
     n_rep = h // key.shape[1]
@@ -190,20 +195,28 @@ def _tiled_attention(
         return logits, valid
 
     tensor_absmax = row_absmax = None
+    reuse = None  # with a single tile, the pre-pass logits are the main pass's logits
     if getattr(tap.logits_quantizer, "needs_absmax", False):
-        row_absmax = torch.zeros(b, h, t, 1, device=device)
-        for k_start, k_stop, q_first in tiles:
-            logits, valid = logits_of(k_start, k_stop, q_first)
-            tile_max = logits.abs().masked_fill(~valid, 0.0).amax(dim=-1, keepdim=True)
-            row_absmax[:, :, q_first:] = torch.maximum(row_absmax[:, :, q_first:], tile_max)
-        tensor_absmax = row_absmax.amax(dim=(1, 2, 3), keepdim=True)
+        if "absmax" not in state:
+            row_absmax = torch.zeros(b, h, t, 1, device=device)
+            for k_start, k_stop, q_first in tiles:
+                logits, valid = logits_of(k_start, k_stop, q_first)
+                if len(tiles) == 1:
+                    reuse = (logits, valid)
+                    logits = logits.abs()
+                else:
+                    logits.abs_()  # a throwaway tile: in place saves an allocation per tile
+                tile_max = logits.masked_fill_(~valid, 0.0).amax(dim=-1, keepdim=True)
+                row_absmax[:, :, q_first:] = torch.maximum(row_absmax[:, :, q_first:], tile_max)
+            state["absmax"] = (row_absmax.amax(dim=(1, 2, 3), keepdim=True), row_absmax)
+        tensor_absmax, row_absmax = state["absmax"]
 
     # Online softmax state, float32: running max m, normaliser l, unnormalised output acc.
     m = torch.full((b, h, t, 1), -math.inf, device=device)
     l = torch.zeros(b, h, t, 1, device=device)
     acc = torch.zeros(b, h, t, value.shape[-1], device=device)
     for k_start, k_stop, q_first in tiles:
-        logits, valid = logits_of(k_start, k_stop, q_first)
+        logits, valid = reuse if reuse is not None else logits_of(k_start, k_stop, q_first)
         ctx = TileContext(
             layer_idx=tap.layer_idx,
             q_start=q_first,

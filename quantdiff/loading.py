@@ -54,12 +54,15 @@ def _check_safetensors(file: Path) -> None:
             header_len = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(header_len))
         data_end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-        with safe_open(str(file), framework="pt"):
-            pass
-    except (SafetensorError, OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise LoadError(f"unreadable safetensors file {file}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise LoadError(f"unreadable safetensors header in {file}: {type(exc).__name__}") from None
     if file.stat().st_size < 8 + header_len + data_end:
         raise LoadError(f"truncated safetensors file {file}: {file.stat().st_size} bytes, its header needs {8 + header_len + data_end}")
+    try:
+        with safe_open(str(file), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as exc:
+        raise LoadError(f"unreadable safetensors file {file}: {str(exc).splitlines()[0]}") from None
 
 
 def load_config(path: str | Path):
@@ -85,7 +88,13 @@ def load(
     device: where to put it (default: CUDA if available, else CPU). device_map: passed to accelerate
     instead (e.g. "auto" for models larger than one device).
     """
+    from .export import is_quantdiff_checkpoint, load_quantized  # lazy: export imports this module
+
     config = load_config(path)
+    if is_quantdiff_checkpoint(path):
+        if device_map is not None:
+            raise LoadError("quantized quantdiff checkpoints load on one device (no device_map)")
+        return load_quantized(path, device=device, dtype=dtype, tile_size=tile_size)
     attention.register()
     cls = AutoModelForCausalLM._model_mapping[type(config)]
     if not getattr(cls, "_supports_attention_backend", False):

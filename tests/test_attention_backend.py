@@ -188,3 +188,42 @@ def test_pair_configs_are_not_shared(tiny_preset):
     before = copy.deepcopy(configs["diff"].to_dict())
     build_pair(tiny_preset)
     assert configs["diff"].to_dict() == before
+
+
+def _naive_quantized_attention(bits):
+    """Eager attention with the whole (B, H, T, T) logits absmax-quantized per sequence over causal entries."""
+
+    def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        n_rep = query.shape[1] // key.shape[1]
+        k = key.repeat_interleave(n_rep, dim=1)
+        v = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
+        logits = (query @ k.transpose(-1, -2)) * scaling
+        t = logits.shape[-1]
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        scale = logits.abs().masked_fill(~causal, 0).amax(dim=(1, 2, 3), keepdim=True) / (2 ** (bits - 1) - 1)
+        logits = (torch.round(logits / scale) * scale).masked_fill(~causal, -math.inf)
+        return (logits.softmax(-1) @ v).transpose(1, 2), None
+
+    return forward
+
+
+@pytest.mark.parametrize("kind", ["standard", "diff"])
+@pytest.mark.parametrize("tile_size", [4, None], ids=["tile=4", "tile=all"])
+def test_quantized_logits_match_naive_full_matrix(tiny_pair, kind, tile_size):
+    from transformers import AttentionInterface
+
+    from quantdiff.sites import AbsmaxMethod, LogitsSite, QuantConfig, quantized
+
+    model = tiny_pair[kind]
+    ids = torch.randint(0, 97, (2, T), generator=torch.Generator().manual_seed(4))
+    AttentionInterface.register("naive_quant3", _naive_quantized_attention(3))
+    with torch.no_grad():
+        model.set_attn_implementation("naive_quant3")
+        reference = model(ids).logits
+        prepare(model, tile_size=tile_size)
+        with quantized(model, QuantConfig(AbsmaxMethod(3), LogitsSite())):
+            ours = model(ids).logits
+        plain = model(ids).logits
+    diff = (ours - reference).abs().max().item()
+    assert diff <= 1e-4, f"{kind}: max abs diff {diff:.2e}"
+    assert (plain - reference).abs().max().item() > 1e-3  # 3 bits really changes the output

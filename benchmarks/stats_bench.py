@@ -28,7 +28,8 @@ from quantdiff.data import Batch
 from quantdiff.loading import prepare
 from quantdiff.pairs import SizePreset, build_model, pair_configs
 from quantdiff.stats import QUANTILE_RELATIVE_ERROR, AbsStats
-from quantdiff.statsrun import collect_stats
+from quantdiff.observe import observe
+from quantdiff.statsrun import StatsCollector, collect_stats
 
 
 def sync(device: torch.device) -> None:
@@ -57,23 +58,29 @@ def model_for(kind: str, preset: SizePreset, attn: str, device: torch.device):
 
 
 def throughput(args, device: torch.device) -> None:
+    """Per-batch time of a long stats run (statistics already filled by earlier batches) vs plain forwards."""
     preset = SizePreset(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads, vocab_size=4096,
                         max_position_embeddings=args.seq_len)
-    ids = torch.randint(0, 4096, (args.batch, args.seq_len), generator=torch.Generator().manual_seed(0)).to(device)
-    batch = Batch(ids, None, 0)
-    tokens = ids.numel()
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 4096, (args.batch, args.seq_len), generator=g).to(device) for _ in range(args.repeats + 2)]
+    tokens = batches[0].numel()
     print(f"## 1. stats pass vs plain forward (d={args.hidden}, {args.layers} layers, {args.heads} heads, "
-          f"batch {args.batch} × {args.seq_len} tokens, tile {args.tile}, {device})")
+          f"batch {args.batch} × {args.seq_len} tokens, tile {args.tile}, {device}; per batch, a new batch each call)")
     for kind in ("standard", "diff"):
         eager, sdpa = model_for(kind, preset, "eager", device), model_for(kind, preset, "sdpa", device)
         observed = prepare(model_for(kind, preset, "eager", device), args.tile)
+        collector = StatsCollector(observed)
+        feed = iter(batches)
 
         def forward(model):
             with torch.inference_mode():
-                model.base_model(input_ids=ids, use_cache=False)
+                model.base_model(input_ids=batches[0], use_cache=False)
 
-        times = timed({"eager": lambda: forward(eager), "sdpa": lambda: forward(sdpa),
-                       "stats": lambda: collect_stats(observed, [batch])}, device, args.repeats)
+        def stats_batch():
+            collector.run(observed, Batch(next(feed), None, 0))
+
+        with observe(observed, collector.on_logits, collector.on_hidden), torch.inference_mode():
+            times = timed({"eager": lambda: forward(eager), "sdpa": lambda: forward(sdpa), "stats": stats_batch}, device, args.repeats)
         print(f"{kind:8s} eager {times['eager'] * 1e3:8.1f} ms  sdpa {times['sdpa'] * 1e3:8.1f} ms  "
               f"stats {times['stats'] * 1e3:8.1f} ms ({tokens / times['stats']:,.0f} tok/s)  "
               f"stats/eager {times['stats'] / times['eager']:.2f}×  stats/sdpa {times['stats'] / times['sdpa']:.2f}×")
@@ -86,8 +93,6 @@ def median_accuracy(args, device: torch.device) -> None:
     model = prepare(model_for("standard", preset, "eager", device), None)
     ids = torch.randint(0, 4096, (1, t), generator=torch.Generator().manual_seed(1)).to(device)
     captured = []
-    from quantdiff.observe import observe
-
     with observe(model, lambda logits, ctx: captured.append(logits[ctx.valid.expand_as(logits)].abs().double())):
         stats = collect_stats(model, [Batch(ids, None, 0)])
     values = torch.cat(captured)

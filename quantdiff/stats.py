@@ -20,6 +20,7 @@ and LLM.int8's outlier features. Everything stays on the tensors' device until r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Sequence
@@ -43,9 +44,24 @@ LLM_INT8_LAYER_FRACTION = 0.25
 LLM_INT8_POSITION_FRACTION = 0.06
 
 
-def raw_codes(a: torch.Tensor) -> torch.Tensor:
+def raw_codes(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """(float32 bits of |x|) >> _SHIFT: monotone in |x| ≥ 0, in [0, _RAW_CODES) for every non-negative float."""
-    return torch.bitwise_right_shift(a.view(torch.int32), _SHIFT)
+    return torch.bitwise_right_shift(a.view(torch.int32), _SHIFT, out=out)
+
+
+class Workspace:
+    """Tile-sized scratch tensors reused across updates. On CPU a fresh allocation of this size page-faults
+    on every tile and cost 4-5× the arithmetic writing into it (measured on abs, x², shifts)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        n = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < n or buffer.dtype != dtype or buffer.device != device:
+            buffer = self._buffers[name] = torch.empty(n, dtype=dtype, device=device)
+        return buffer[:n].view(shape)
 
 
 def fold_raw_histogram(raw: torch.Tensor) -> torch.Tensor:
@@ -112,6 +128,7 @@ class AbsStats:
     def __post_init__(self) -> None:
         # Python-side cache of "k-th value > 0" per group: lets the hot path skip a device sync once filled.
         self._positive_kth = [False] * self.groups
+        self._workspace = Workspace()
 
     @classmethod
     def empty(cls, groups: int, k: int, location_names: Sequence[str], device: torch.device | str = "cpu") -> AbsStats:
@@ -153,33 +170,35 @@ class AbsStats:
         x = x.float()
         n_rows, n_groups, m = x.shape
         groups = slice(group_start, group_start + n_groups)
-        a, sums, n_valid, finite = _tile_summary(x, valid)
-        a_top, threshold, mask = self._candidates(a, valid, group_start)
-        n_candidates, all_finite = torch.stack([torch.count_nonzero(mask), finite.long()]).tolist()  # the tile's one sync
+        a, sums, n_valid, finite = _tile_summary(x, valid, self._workspace)
+        a_top, threshold = self._candidate_values(a, valid, group_start)
+        # A row (one group of one sequence) whose max is below its group's k-th value adds nothing to the top k:
+        # the common case once statistics have filled, and then the tile needs no compare and no nonzero scan.
+        reaches = a_top.amax(dim=-1, keepdim=True) >= threshold  # (A, g, 1)
+        any_candidate, all_finite = torch.stack([reaches.any(), finite]).tolist()  # the tile's one device sync
         if not all_finite:  # rare: NaN/Inf present (or x⁴ overflows float32) → exact float64 path
             finite = torch.isfinite(x)
             seen = torch.ones_like(finite) if valid is None else valid.expand_as(x)
             self.nan[groups] += (torch.isnan(x) & seen).sum(dim=(0, 2))
             self.inf[groups] += (torch.isinf(x) & seen).sum(dim=(0, 2))
             valid = finite & seen
-            a, sums, n_valid, _ = _tile_summary(x.double().masked_fill(~valid, 0.0), valid)
+            a, sums, n_valid, _ = _tile_summary(x.double().masked_fill(~valid, 0.0), valid, Workspace())
             a = a.float()
-            a_top, threshold, mask = self._candidates(a, valid, group_start)
-            n_candidates = int(torch.count_nonzero(mask))
+            a_top, threshold = self._candidate_values(a, valid, group_start)
+            any_candidate = True
         self.count[groups] += n_valid
         self.power_sums[groups] += sums
-        codes = raw_codes(a).add_(torch.arange(n_groups, dtype=torch.int32, device=x.device).view(1, -1, 1) * _RAW_CODES)
+        codes = raw_codes(a, self._workspace.get("codes", a.shape, torch.int32, a.device))
+        codes.add_(torch.arange(n_groups, dtype=torch.int32, device=x.device).view(1, -1, 1) * _RAW_CODES)
         raw = torch.bincount(codes.view(-1), minlength=n_groups * _RAW_CODES).view(n_groups, _RAW_CODES)  # (A, g, M) -> (g, codes)
         raw[:, 0] -= n_rows * m - n_valid  # unobserved entries were zeroed: take them out of the lowest code again
         self.hist[groups] += fold_raw_histogram(raw)
-        if n_candidates > self.k * n_rows * n_groups:  # early on nearly everything passes: cut each row to its top k first
-            kth = a_top.topk(min(self.k, m), dim=-1).values[..., -1:]  # (A, g, 1)
-            mask = a_top >= torch.maximum(threshold, kth)  # an entry of the top k of a union is in the top k of its row
-        self._take_top(a_top, mask, group_start, locate)
+        if any_candidate:
+            self._take_top(a_top, threshold, group_start, locate)
 
-    def _candidates(self, a: torch.Tensor, valid: torch.Tensor | None, group_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(values, threshold, mask): entries ≥ the group's current k-th value (ties included) may enter the
-        top k; selecting among them keeps the top k exact.
+    def _candidate_values(self, a: torch.Tensor, valid: torch.Tensor | None, group_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values, (1, g, 1) threshold): entries ≥ their group's current k-th value (ties included) may enter
+        the top k; selecting among them keeps the top k exact.
 
         Unobserved entries of `a` are 0: harmless once every k-th value is positive (the usual case after the
         first tile); until then they are masked out explicitly.
@@ -192,9 +211,14 @@ class AbsStats:
             if not all(positive):
                 threshold = threshold.clamp(min=0.0)
                 a = a if valid is None else a.masked_fill(~valid, EMPTY)
-        return a, threshold, a >= threshold
+        return a, threshold
 
-    def _take_top(self, a: torch.Tensor, mask: torch.Tensor, group_start: int, locate: Locate | None) -> None:
+    def _take_top(self, a: torch.Tensor, threshold: torch.Tensor, group_start: int, locate: Locate | None) -> None:
+        n_rows, n_groups, m = a.shape
+        mask = torch.ge(a, threshold, out=self._workspace.get("mask", a.shape, torch.bool, a.device))
+        if int(torch.count_nonzero(mask)) > self.k * n_rows * n_groups:  # early on nearly everything passes
+            kth = a.topk(min(self.k, m), dim=-1).values[..., -1:]  # (A, g, 1)
+            mask = a >= torch.maximum(threshold, kth)  # an entry of the top k of a union is in the top k of its row
         rows, cols, flat = mask.nonzero(as_tuple=True)
         if rows.numel() == 0:
             return
@@ -317,26 +341,30 @@ class AbsStats:
 _TENSOR_FIELDS = ("count", "nan", "inf", "power_sums", "hist", "top_values", "top_locations")
 
 
-def _tile_summary(x: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For x (A, g, M): |x| with unobserved entries zeroed, (g, 4) float64 power sums, observed entries per
-    group, and whether the sums are finite (a 0-dim bool on the device; if not, the caller redoes the tile exactly)."""
+def _tile_summary(
+    x: torch.Tensor, valid: torch.Tensor | None, workspace: Workspace
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For x (A, g, M): |x| with unobserved entries zeroed (a workspace tensor), (g, 4) float64 power sums,
+    observed entries per group, and whether the sums are finite (a 0-dim bool on the device; if not, the
+    caller redoes the tile exactly)."""
     n_rows, n_groups, m = x.shape
-    a = x.abs()
+    a = torch.abs(x, out=workspace.get("abs", x.shape, x.dtype, x.device))
     if valid is None:
         s1 = x.sum(dim=-1)
         n_valid = torch.full((n_groups,), n_rows * m, dtype=torch.int64, device=x.device)
     else:
-        a.masked_fill_(~valid, 0.0)  # in place: the tile is the big tensor, the mask is 1/H of it
-        weights = valid.to(x.dtype).expand(n_rows, -1, m)  # (A, 1|g, M)
+        weights = valid.to(x.dtype).expand(n_rows, -1, m)  # (A, 1|g, M): the mask is 1/H of the tile
+        a.mul_(weights)  # in place; unobserved entries of a finite tile become 0
         if weights.shape[1] == 1:  # one mask for all groups: a batched GEMV reads x once, no masked copy
             s1 = (x @ weights.transpose(1, 2)).squeeze(-1)  # (A, g, M) @ (A, M, 1) -> (A, g)
         else:
             s1 = (x * weights).sum(dim=-1)
         n_valid = torch.count_nonzero(valid.expand(n_rows, -1, m), dim=(0, 2)).expand(n_groups)  # (g,): heads share one mask
-    # Power sums per (row, group) as BLAS dot products of masked squares with x: float32 per row, float64 across rows.
-    x2 = a * a  # (A, g, M), zero where unobserved
-    s3 = torch.einsum("agm,agm->ag", x2, x)
-    s4 = torch.einsum("agm,agm->ag", x2, x2)
+    # Power sums per (row, group): float32 within a row, float64 across rows. Products go to scratch space.
+    x2 = torch.mul(a, a, out=workspace.get("square", x.shape, x.dtype, x.device))  # (A, g, M), zero where unobserved
+    product = workspace.get("product", x.shape, x.dtype, x.device)
+    s3 = torch.mul(x2, x, out=product).sum(dim=-1)
+    s4 = torch.mul(x2, x2, out=product).sum(dim=-1)
     sums = torch.stack([s1, x2.sum(dim=-1), s3, s4], dim=-1).double().sum(dim=0)  # (g, 4)
     return a, sums, n_valid.to(torch.int64), torch.isfinite(sums).all()
 

@@ -33,6 +33,9 @@ class DataConfig:
     held_out_fraction: float = 0.1  # share of chapters (chosen by hash) never trained on
     retrieval_fraction: float = 0.25  # share of each batch's rows that are needle documents
     retrieval_max_needles: int = 4  # needles per document grow from 1 to this over the first half of training
+    # Words per needle value at step 0, shrinking to the evaluated 3 by mid-training: long values give many
+    # copyable tokens per document, the signal a tiny model needs before any induction head forms.
+    retrieval_value_words_start: int = 3
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,8 @@ def _check(recipe: Recipe) -> None:
     data, train = recipe.data, recipe.train
     if data.corpus not in CORPORA:
         raise ConfigError(f"unknown corpus {data.corpus!r} (known: {', '.join(CORPORA)})")
+    if data.retrieval_value_words_start < 1 or data.retrieval_max_needles < 1:
+        raise ConfigError("[data] retrieval_value_words_start and retrieval_max_needles must be at least 1")
     if not 0 < data.held_out_fraction < 1 or not 0 <= data.retrieval_fraction <= 1:
         raise ConfigError("held_out_fraction must be in (0, 1) and retrieval_fraction in [0, 1]")
     if train.dtype not in DTYPES:

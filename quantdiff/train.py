@@ -9,8 +9,9 @@ uninterrupted one (on the same device and thread count).
 Each batch row is either a window of the training split or, with probability `retrieval_fraction`, a
 needle document (quantdiff/tasks/retrieval_data.py) whose filler comes from the training split. The
 curriculum, over the first half of training, raises the needles per document from 1 to
-`retrieval_max_needles` and spreads them from the last 10% of the document (copy distance of a few
-tokens, which a tiny model picks up first) to anywhere in it (copy across the whole context).
+`retrieval_max_needles`, spreads them from the last 10% of the document (copy distance of a few
+tokens, which a tiny model picks up first) to anywhere in it (copy across the whole context), and
+shortens the values from `retrieval_value_words_start` words to the evaluated length.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from .errors import ConfigError
 from .pairs import KINDS, build_pair, lambda_parameter_count, parameter_count
 from .recipes import Recipe, TrainConfig
 from .savedir import atomic_dir
-from .tasks.retrieval_data import Filler, NeedleExample, make_needle_example, vocabulary_text
+from .tasks.retrieval_data import VALUE_LENGTH, Filler, NeedleExample, make_needle_example, vocabulary_text
 from .tokenizer import save_tokenizer, train_bpe
 
 CHECKPOINT = ".checkpoint"  # inside --out; removed once the pair is saved
@@ -66,17 +67,24 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def curriculum(step: int, recipe: Recipe) -> tuple[int, float]:
-    """(most needles per document, share of the document they spread over) at `step`: grows over the first half."""
+def curriculum(step: int, recipe: Recipe) -> tuple[int, float, int]:
+    """(most needles per document, share of the document they spread over, words per value) at `step`.
+
+    Each moves linearly from its easy end to its final value over the first half of training."""
     progress = min(1.0, step / max(1, recipe.train.steps // 2))
-    return 1 + int((recipe.data.retrieval_max_needles - 1) * progress), 0.1 + 0.9 * progress
+    start = recipe.data.retrieval_value_words_start
+    return (
+        1 + int((recipe.data.retrieval_max_needles - 1) * progress),
+        0.1 + 0.9 * progress,
+        round(start + (VALUE_LENGTH - start) * progress),
+    )
 
 
-def needle_document(rng: random.Random, data: PairData, length: int, max_needles: int, spread: float) -> list[int]:
+def needle_document(rng: random.Random, data: PairData, length: int, max_needles: int, spread: float, value_length: int) -> list[int]:
     """Token ids of one training needle document (every needle queried and answered), ≤ `length` tokens."""
     n = rng.randint(1, max_needles)
     depths = [1.0 - spread * rng.random() for _ in range(n)]
-    example = make_needle_example(rng, data.filler, length, n, depths, n_queries=n)
+    example = make_needle_example(rng, data.filler, length, n, depths, n_queries=n, value_length=value_length)
     return data.tokenizer(example.text, add_special_tokens=False)["input_ids"]
 
 

@@ -71,11 +71,13 @@ def test_lr_schedule_warms_up_then_follows_the_cosine(recipe):
         assert training.lr_at(step, cfg) == pytest.approx(cfg.min_lr + (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t)) / 2)
 
 
-def test_curriculum_grows_needles_and_spread_until_mid_training(recipe):
+def test_curriculum_moves_from_easy_to_evaluated_documents_by_mid_training(recipe):
+    recipe = parse_recipe(RECIPE.replace("retrieval_max_needles = 2", "retrieval_max_needles = 2\nretrieval_value_words_start = 9"), "unit")
     stages = [training.curriculum(step, recipe) for step in range(recipe.train.steps)]
-    assert stages[0] == (1, pytest.approx(0.1))
-    assert stages[recipe.train.steps // 2] == (2, pytest.approx(1.0)) == stages[-1]
-    assert stages == sorted(stages)
+    assert stages[0] == (1, pytest.approx(0.1), 9)
+    assert stages[recipe.train.steps // 2] == (2, pytest.approx(1.0), 3) == stages[-1]
+    assert [s[:2] for s in stages] == sorted(s[:2] for s in stages)
+    assert [s[2] for s in stages] == sorted((s[2] for s in stages), reverse=True)
 
 
 def test_batches_are_a_pure_function_of_seed_and_step(synthetic_corpus, recipe):

@@ -18,11 +18,11 @@ API (all deterministic given the `random.Random` passed in):
 - `Filler(text, count_tokens)`: the sentences of a text with their token counts. Token counts add up
   exactly when pieces are joined with one leading space each (byte-level BPE pre-tokenizes at spaces),
   so documents fit a token budget without re-tokenizing.
-- `make_needle_example(rng, filler, context_tokens, n_needles, depths, n_queries=1) -> NeedleExample`:
+- `make_needle_example(rng, filler, context_tokens, n_needles, depths, n_queries=1, value_length=3)`:
   `prompt + answer` has at most `context_tokens` tokens (the last filler sentence is cut at a word to fit).
   `depths[i]` ∈ [0, 1] places needle i at that fraction of the filler (0 = start, 1 = just before the
   queries). The last of `n_queries` queries is unanswered; earlier ones are answered in the prompt (the
-  training documents query every needle).
+  training documents query every needle). `value_length` = words per value (training starts longer).
 - `NeedleExample`: `prompt`, `answer` (" value."), `needles` (key, value) pairs, `query_index` (which
   needle the final query asks for), and character spans into `prompt`: `needle_spans[i]` = the whole
   needle sentence i, `value_spans[i]` = its value, `answer_span` = the queried needle's value (the span
@@ -136,13 +136,13 @@ class Filler:
         return best
 
 
-def random_needles(rng: random.Random, n: int) -> list[tuple[str, str]]:
+def random_needles(rng: random.Random, n: int, value_length: int = VALUE_LENGTH) -> list[tuple[str, str]]:
     """n distinct keys with values that share no word, so every value token sequence is unambiguous."""
-    if not 1 <= n <= min(len(KEYS), len(VALUE_WORDS) // VALUE_LENGTH):
-        raise DataError(f"n_needles must be between 1 and {len(VALUE_WORDS) // VALUE_LENGTH}, got {n}")
+    if value_length < 1 or not 1 <= n <= min(len(KEYS), len(VALUE_WORDS) // value_length):
+        raise DataError(f"{n} needles of {value_length} words: at most {len(VALUE_WORDS)} distinct value words exist")
     keys = rng.sample(KEYS, n)
-    words = rng.sample(VALUE_WORDS, n * VALUE_LENGTH)
-    return [(k, " ".join(words[i * VALUE_LENGTH : (i + 1) * VALUE_LENGTH])) for i, k in enumerate(keys)]
+    words = rng.sample(VALUE_WORDS, n * value_length)
+    return [(k, " ".join(words[i * value_length : (i + 1) * value_length])) for i, k in enumerate(keys)]
 
 
 def make_needle_example(
@@ -152,13 +152,14 @@ def make_needle_example(
     n_needles: int,
     depths: Sequence[float],
     n_queries: int = 1,
+    value_length: int = VALUE_LENGTH,
 ) -> NeedleExample:
     """One document; see the module docstring for the layout and the meaning of each argument."""
     if len(depths) != n_needles or not all(0.0 <= d <= 1.0 for d in depths):
         raise DataError(f"need {n_needles} depths in [0, 1], got {list(depths)}")
     if not 1 <= n_queries <= n_needles:
         raise DataError(f"n_queries must be between 1 and n_needles={n_needles}, got {n_queries}")
-    needles = random_needles(rng, n_needles)
+    needles = random_needles(rng, n_needles, value_length)
     asked = rng.sample(range(n_needles), n_queries)
     needle_texts = [NEEDLE.format(key=k, value=v) for k, v in needles]
     queries = [QUERY.format(key=needles[i][0]) + ANSWER.format(value=needles[i][1]) for i in asked[:-1]]

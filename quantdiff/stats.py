@@ -21,9 +21,10 @@ and LLM.int8's outlier features. Everything stays on the tensors' device until r
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -33,7 +34,7 @@ QUANTILE_RELATIVE_ERROR = 2.0 ** -(MANTISSA_BITS + 1)  # bin midpoint vs any val
 _SHIFT = 23 - MANTISSA_BITS  # float32 bits >> _SHIFT = (exponent, top mantissa bits): monotone in |x|
 _LO = (127 + MIN_EXP) << MANTISSA_BITS  # code of 2**MIN_EXP
 _HI = (127 + MAX_EXP) << MANTISSA_BITS  # code of 2**MAX_EXP
-_RAW_CODES = 1 << (31 - _SHIFT)  # raw codes of all non-negative float32 bit patterns (Inf and NaN included)
+HIST_LANES_CUDA = 32  # private histogram copies on CUDA: atomics on the few bins holding the bulk serialise
 N_BINS = _HI - _LO + 2  # column 0: [0, 2**MIN_EXP); columns 1 … _HI-_LO: log bins; last: [2**MAX_EXP, inf)
 DEFAULT_QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)
 EMPTY = -1.0  # top-k slot not filled yet (|x| ≥ 0)
@@ -44,9 +45,10 @@ LLM_INT8_LAYER_FRACTION = 0.25
 LLM_INT8_POSITION_FRACTION = 0.06
 
 
-def raw_codes(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """(float32 bits of |x|) >> _SHIFT: monotone in |x| ≥ 0, in [0, _RAW_CODES) for every non-negative float."""
-    return torch.bitwise_right_shift(a.view(torch.int32), _SHIFT, out=out)
+def bin_codes(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Histogram column of each |x| in `a` (float32 ≥ 0): the float bits >> _SHIFT are monotone in |x|."""
+    codes = torch.bitwise_right_shift(a.view(torch.int32), _SHIFT, out=out)
+    return codes.clamp_(_LO - 1, _HI).sub_(_LO - 1)
 
 
 class Workspace:
@@ -62,11 +64,6 @@ class Workspace:
         if buffer is None or buffer.numel() < n or buffer.dtype != dtype or buffer.device != device:
             buffer = self._buffers[name] = torch.empty(n, dtype=dtype, device=device)
         return buffer[:n].view(shape)
-
-
-def fold_raw_histogram(raw: torch.Tensor) -> torch.Tensor:
-    """(g, _RAW_CODES) counts of raw codes -> (g, N_BINS): everything below 2**MIN_EXP / from 2**MAX_EXP pooled."""
-    return torch.cat([raw[:, :_LO].sum(dim=1, keepdim=True), raw[:, _LO:_HI], raw[:, _HI:].sum(dim=1, keepdim=True)], dim=1)
 
 
 @lru_cache(maxsize=1)
@@ -99,14 +96,14 @@ def select_top(
     """
     perm = _lexsort_desc(values, groups, locations)
     groups = groups[perm]
-    sizes = torch.bincount(groups, minlength=n_groups)
-    rank = torch.arange(groups.numel(), device=groups.device) - (torch.cumsum(sizes, 0) - sizes)[groups]
-    keep = rank < k
-    out_v = torch.empty(n_groups, k, dtype=values.dtype, device=values.device)
-    out_l = torch.empty(n_groups, k, locations.shape[1], dtype=locations.dtype, device=locations.device)
-    out_v[groups[keep], rank[keep]] = values[perm][keep]
-    out_l[groups[keep], rank[keep]] = locations[perm][keep]
-    return out_v, out_l
+    starts = torch.searchsorted(groups, torch.arange(n_groups, device=groups.device))  # first entry of each group
+    slot = (torch.arange(groups.numel(), device=groups.device) - starts[groups]).clamp_(max=k)  # rank; k = dropped
+    # Fixed-size scatter with a spill column instead of boolean selection: no device sync.
+    out_v = torch.empty(n_groups, k + 1, dtype=values.dtype, device=values.device)
+    out_l = torch.empty(n_groups, k + 1, locations.shape[1], dtype=locations.dtype, device=locations.device)
+    out_v[groups, slot] = values[perm]
+    out_l[groups, slot] = locations[perm]
+    return out_v[:, :k].contiguous(), out_l[:, :k].contiguous()
 
 
 Locate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -129,6 +126,19 @@ class AbsStats:
         # Python-side cache of "k-th value > 0" per group: lets the hot path skip a device sync once filled.
         self._positive_kth = [False] * self.groups
         self._workspace = Workspace()
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # see deferred_merges
+
+    @contextmanager
+    def deferred_merges(self) -> Iterator[AbsStats]:
+        """Within the block, top-k candidates are collected and merged once at its end: one sort instead of
+        one per update. Candidates are still filtered by the k-th values at entry, so the result is exact."""
+        self._pending = []
+        try:
+            yield self
+        finally:
+            pending, self._pending = self._pending, None
+            if pending:
+                self._merge_top(*(torch.cat(parts) for parts in zip(*pending)))
 
     @classmethod
     def empty(cls, groups: int, k: int, location_names: Sequence[str], device: torch.device | str = "cpu") -> AbsStats:
@@ -188,11 +198,9 @@ class AbsStats:
             any_candidate = True
         self.count[groups] += n_valid
         self.power_sums[groups] += sums
-        codes = raw_codes(a, self._workspace.get("codes", a.shape, torch.int32, a.device))
-        codes.add_(torch.arange(n_groups, dtype=torch.int32, device=x.device).view(1, -1, 1) * _RAW_CODES)
-        raw = torch.bincount(codes.view(-1), minlength=n_groups * _RAW_CODES).view(n_groups, _RAW_CODES)  # (A, g, M) -> (g, codes)
-        raw[:, 0] -= n_rows * m - n_valid  # unobserved entries were zeroed: take them out of the lowest code again
-        self.hist[groups] += fold_raw_histogram(raw)
+        tile_hist = _histogram(bin_codes(a, self._workspace.get("codes", a.shape, torch.int32, a.device)))
+        tile_hist[:, 0] -= n_rows * m - n_valid  # unobserved entries were zeroed: take them out of column 0 again
+        self.hist[groups] += tile_hist
         if any_candidate:
             self._take_top(a_top, threshold, group_start, locate)
 
@@ -228,7 +236,10 @@ class AbsStats:
             locations = torch.stack([rows, cols + group_start, flat], dim=1)
         else:
             locations = locate(rows, cols, flat)
-        self._merge_top(a[rows, cols, flat], cols + group_start, locations)
+        if self._pending is not None:
+            self._pending.append((a[rows, cols, flat], cols + group_start, locations))
+        else:
+            self._merge_top(a[rows, cols, flat], cols + group_start, locations)
 
     def _merge_top(self, values: torch.Tensor, groups: torch.Tensor, locations: torch.Tensor) -> None:
         g, k = self.top_values.shape
@@ -339,6 +350,22 @@ class AbsStats:
 
 
 _TENSOR_FIELDS = ("count", "nan", "inf", "power_sums", "hist", "top_values", "top_locations")
+
+
+def _histogram(codes: torch.Tensor) -> torch.Tensor:
+    """(A, g, M) histogram columns -> (g, N_BINS) counts, without a device sync (bincount syncs for its size).
+
+    On CUDA, entries are spread over HIST_LANES_CUDA private copies by position, summed afterwards.
+    """
+    n_rows, n_groups, m = codes.shape
+    lanes = HIST_LANES_CUDA if codes.is_cuda else 1
+    codes.add_(torch.arange(n_groups, dtype=torch.int32, device=codes.device).view(1, -1, 1) * N_BINS)
+    if lanes > 1:
+        position = torch.arange(m, dtype=torch.int32, device=codes.device)
+        codes.add_((position % lanes).view(1, 1, -1) * (n_groups * N_BINS))
+    ones = torch.ones(1, dtype=torch.int64, device=codes.device).expand(codes.numel())
+    counts = torch.zeros(lanes * n_groups * N_BINS, dtype=torch.int64, device=codes.device).index_add_(0, codes.view(-1), ones)
+    return counts.view(lanes, n_groups, N_BINS).sum(dim=0)
 
 
 def _tile_summary(

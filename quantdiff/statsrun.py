@@ -73,7 +73,8 @@ class StatsCollector:
         """One forward of the base model (no LM head: its logits are not observed)."""
         device = self.stats.logits.device
         self.batch = batch.to(device)
-        model.base_model(input_ids=self.batch.input_ids, attention_mask=self.batch.attention_mask, use_cache=False)
+        with self.stats.logits.deferred_merges(), self.stats.hidden.deferred_merges():
+            model.base_model(input_ids=self.batch.input_ids, attention_mask=self.batch.attention_mask, use_cache=False)
         self.stats.tokens += batch.tokens
         self.stats.sequences += batch.input_ids.shape[0]
 

@@ -219,3 +219,15 @@ def test_cuda_statistics_equal_cpu_statistics():
     assert gpu.hist.is_cuda and gpu.top_values.is_cuda  # statistics stay on the device
     for name in ("count", "hist", "top_values", "top_locations"):
         assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name
+
+
+def test_deferred_merges_equal_immediate_merges():
+    x = _heavy_tailed((6, 3, 300), seed=13)
+    x[2:4] *= 5  # later rows beat the thresholds set at entry: many candidates pile up
+    immediate = _fill(AbsStats.empty(3, 30, LOC), x, None, (1, 2, 4))
+    deferred = AbsStats.empty(3, 30, LOC)
+    with deferred.deferred_merges():
+        _fill(deferred, x, None, (1, 2, 4))
+        assert torch.equal(deferred.top_values, AbsStats.empty(3, 30, LOC).top_values)  # nothing merged yet
+    for name in ("count", "hist", "top_values", "top_locations"):
+        assert torch.equal(getattr(deferred, name), getattr(immediate, name)), name

@@ -69,7 +69,7 @@ def throughput(args, device: torch.device) -> None:
     for kind in ("standard", "diff"):
         eager, sdpa = model_for(kind, preset, "eager", device), model_for(kind, preset, "sdpa", device)
         observed = prepare(model_for(kind, preset, "eager", device), args.tile)
-        collector = StatsCollector(observed)
+        collector = StatsCollector(observed, compile=args.compile)
         feed = iter(batches)
 
         def forward(model):
@@ -172,6 +172,8 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[2048, 8192, 32768])
     parser.add_argument("--observer-tensors", type=int, default=16)
     parser.add_argument("--sections", default="1234", help="which sections to run, e.g. 13")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="fused per-element statistics via torch.compile (default: on CUDA only)")
     parser.add_argument("--memory-case", type=int, nargs=2, metavar=("T", "TILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = torch.device(args.device)

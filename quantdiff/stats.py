@@ -127,6 +127,7 @@ class AbsStats:
         self._positive_kth = [False] * self.groups
         self._workspace = Workspace()
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # see deferred_merges
+        self.fused = False  # True: per-element work through the compiled `fused_tile` (fast on CUDA)
 
     @contextmanager
     def deferred_merges(self) -> Iterator[AbsStats]:
@@ -180,7 +181,11 @@ class AbsStats:
         x = x.float()
         n_rows, n_groups, m = x.shape
         groups = slice(group_start, group_start + n_groups)
-        a, sums, n_valid, finite = _tile_summary(x, valid, self._workspace)
+        if self.fused:
+            a, sums, n_valid, finite, index = _fused_summary(x, valid)
+        else:
+            a, sums, n_valid, finite = _tile_summary(x, valid, self._workspace)
+            index = None
         a_top, threshold = self._candidate_values(a, valid, group_start)
         # A row (one group of one sequence) whose max is below its group's k-th value adds nothing to the top k:
         # the common case once statistics have filled, and then the tile needs no compare and no nonzero scan.
@@ -193,12 +198,14 @@ class AbsStats:
             self.inf[groups] += (torch.isinf(x) & seen).sum(dim=(0, 2))
             valid = finite & seen
             a, sums, n_valid, _ = _tile_summary(x.double().masked_fill(~valid, 0.0), valid, Workspace())
-            a = a.float()
+            a, index = a.float(), None
             a_top, threshold = self._candidate_values(a, valid, group_start)
             any_candidate = True
         self.count[groups] += n_valid
         self.power_sums[groups] += sums
-        tile_hist = _histogram(bin_codes(a, self._workspace.get("codes", a.shape, torch.int32, a.device)))
+        if index is None:
+            index = _histogram_index(bin_codes(a, self._workspace.get("codes", a.shape, torch.int32, a.device)))
+        tile_hist = _count_bins(index, n_groups)
         tile_hist[:, 0] -= n_rows * m - n_valid  # unobserved entries were zeroed: take them out of column 0 again
         self.hist[groups] += tile_hist
         if any_candidate:
@@ -352,20 +359,68 @@ class AbsStats:
 _TENSOR_FIELDS = ("count", "nan", "inf", "power_sums", "hist", "top_values", "top_locations")
 
 
-def _histogram(codes: torch.Tensor) -> torch.Tensor:
-    """(A, g, M) histogram columns -> (g, N_BINS) counts, without a device sync (bincount syncs for its size).
+def _histogram_lanes(device: torch.device) -> int:
+    return HIST_LANES_CUDA if device.type == "cuda" else 1
 
-    On CUDA, entries are spread over HIST_LANES_CUDA private copies by position, summed afterwards.
+
+def _histogram_index(codes: torch.Tensor) -> torch.Tensor:
+    """(A, g, M) histogram columns -> flat indices into (lanes, g, N_BINS) counts (in place).
+
+    On CUDA, entries are spread over HIST_LANES_CUDA private copies by position: atomics on the few bins
+    holding the bulk of the values would otherwise serialise.
     """
     n_rows, n_groups, m = codes.shape
-    lanes = HIST_LANES_CUDA if codes.is_cuda else 1
     codes.add_(torch.arange(n_groups, dtype=torch.int32, device=codes.device).view(1, -1, 1) * N_BINS)
+    lanes = _histogram_lanes(codes.device)
     if lanes > 1:
-        position = torch.arange(m, dtype=torch.int32, device=codes.device)
-        codes.add_((position % lanes).view(1, 1, -1) * (n_groups * N_BINS))
-    ones = torch.ones(1, dtype=torch.int64, device=codes.device).expand(codes.numel())
-    counts = torch.zeros(lanes * n_groups * N_BINS, dtype=torch.int64, device=codes.device).index_add_(0, codes.view(-1), ones)
+        codes.add_((torch.arange(m, dtype=torch.int32, device=codes.device) % lanes).view(1, 1, -1) * (n_groups * N_BINS))
+    return codes
+
+
+def _count_bins(index: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """(g, N_BINS) counts of flat histogram indices, without a device sync (bincount syncs for its size)."""
+    lanes = _histogram_lanes(index.device)
+    ones = torch.ones(1, dtype=torch.int64, device=index.device).expand(index.numel())
+    counts = torch.zeros(lanes * n_groups * N_BINS, dtype=torch.int64, device=index.device).index_add_(0, index.reshape(-1), ones)
     return counts.view(lanes, n_groups, N_BINS).sum(dim=0)
+
+
+def fused_tile(x: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The per-element work of an update as one pure function, for torch.compile to fuse into a few kernels.
+
+    x (A, g, M) float32, weights (A|1, 1|g, M) 0/1 float32, offsets (1, g, 1|M) int32 histogram offsets
+    -> (|x| zeroed where unobserved, (A, g, 4) float32 power sums per row, flat histogram indices).
+    Same math as `_tile_summary` + `bin_codes` + `_histogram_index`, which reuse buffers instead (CPU eager).
+    """
+    a = x.abs() * weights
+    x2 = a * a
+    row_sums = torch.stack([(x * weights).sum(dim=-1), x2.sum(dim=-1), (x2 * x).sum(dim=-1), (x2 * x2).sum(dim=-1)], dim=-1)
+    codes = torch.bitwise_right_shift(a.view(torch.int32), _SHIFT).clamp(_LO - 1, _HI) - (_LO - 1)
+    return a, row_sums, codes + offsets
+
+
+_compiled_fused_tile = None
+
+
+def _fused_summary(x: torch.Tensor, valid: torch.Tensor | None) -> tuple:
+    """`_tile_summary` through the compiled `fused_tile`; also returns the histogram indices."""
+    global _compiled_fused_tile
+    if _compiled_fused_tile is None:
+        _compiled_fused_tile = torch.compile(fused_tile, dynamic=True)
+    n_rows, n_groups, m = x.shape
+    offsets = torch.arange(n_groups, dtype=torch.int32, device=x.device).view(1, -1, 1) * N_BINS
+    lanes = _histogram_lanes(x.device)
+    if lanes > 1:
+        offsets = offsets + (torch.arange(m, dtype=torch.int32, device=x.device) % lanes).view(1, 1, -1) * (n_groups * N_BINS)
+    if valid is None:
+        weights = torch.ones(1, 1, 1, device=x.device).expand(1, 1, m)
+        n_valid = torch.full((n_groups,), n_rows * m, dtype=torch.int64, device=x.device)
+    else:
+        weights = valid.to(x.dtype)
+        n_valid = torch.count_nonzero(valid.expand(n_rows, -1, m), dim=(0, 2)).expand(n_groups).to(torch.int64)
+    a, row_sums, index = _compiled_fused_tile(x, weights, offsets)
+    sums = row_sums.double().sum(dim=0)  # (g, 4)
+    return a, sums, n_valid, torch.isfinite(sums).all(), index
 
 
 def _tile_summary(

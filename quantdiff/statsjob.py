@@ -33,6 +33,7 @@ class StatsOptions:
     device: str | None = None
     json_path: Path | None = None
     plot_dir: Path | None = None
+    compile: bool | None = None  # None: on CUDA only
 
 
 DEFAULT_SEQ_LEN = 1024
@@ -120,7 +121,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
             batches = shard(model.batches, rank, world)
             advance.start(model.name, sum(b.tokens for b in batches))
             loaded = load(model.path, device=device, tile_size=options.tile_size)
-            stats = gather_to_rank0(collect_stats(loaded, batches, options.k, advance), rank, world)
+            stats = gather_to_rank0(collect_stats(loaded, batches, options.k, advance, options.compile), rank, world)
             del loaded
             if stats is not None:
                 named.append((model.name, stats))

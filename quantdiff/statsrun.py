@@ -35,10 +35,12 @@ def head_maps(model: nn.Module) -> list[int] | None:
 class StatsCollector:
     """Hook callbacks that know the current batch (its global sequence offset and padding)."""
 
-    def __init__(self, model: nn.Module, k: int = DEFAULT_K, device: torch.device | str | None = None) -> None:
+    def __init__(self, model: nn.Module, k: int = DEFAULT_K, compile: bool | None = None) -> None:
         config = model.config
-        device = device or next(model.parameters()).device
+        device = next(model.parameters()).device
         self.stats = ModelStats.empty(len(attention.taps(model)), config.num_attention_heads, config.hidden_size, head_maps(model), k, device)
+        # Compiled per-element kernels pay off on CUDA; on CPU the one-off compile outweighs them for short runs.
+        self.stats.logits.fused = self.stats.hidden.fused = device.type == "cuda" if compile is None else compile
         self.batch: Batch | None = None
 
     def on_logits(self, logits: torch.Tensor, ctx: TileContext) -> None:
@@ -80,13 +82,18 @@ class StatsCollector:
 
 
 def collect_stats(
-    model: nn.Module, batches: Iterable[Batch], k: int = DEFAULT_K, progress: Callable[[int], None] | None = None
+    model: nn.Module,
+    batches: Iterable[Batch],
+    k: int = DEFAULT_K,
+    progress: Callable[[int], None] | None = None,
+    compile: bool | None = None,
 ) -> ModelStats:
     """Statistics of attention logits and hidden states of `model` (on the quantdiff backend) over `batches`.
 
-    progress(tokens) is called after each batch. Statistics live on the model's device.
+    progress(tokens) is called after each batch. Statistics live on the model's device. compile: fuse the
+    per-element work with torch.compile (None: on CUDA only).
     """
-    collector = StatsCollector(model, k)
+    collector = StatsCollector(model, k, compile)
     with observe(model, collector.on_logits, collector.on_hidden), torch.inference_mode():
         for batch in batches:
             collector.run(model, batch)

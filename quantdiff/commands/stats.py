@@ -20,6 +20,7 @@ def stats(
     per_layer: Annotated[bool, typer.Option("--per-layer", help="Also print per-layer tables.")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every statistic to this JSON file.")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write PNG plots (per-layer Top-1, |x| CCDF) into this directory.")] = None,
+    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Fuse per-element statistics with torch.compile (default: on CUDA only).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar and no tables.")] = False,
 ) -> None:
     """Largest |attention logits| and |hidden states| (Top-1 … Top-100, median) with where they occur.
@@ -39,5 +40,6 @@ def stats(
         device=device,
         json_path=json_path,
         plot_dir=plot,
+        compile=compile,
     )
     run(options, quiet=quiet, per_layer=per_layer)

@@ -148,7 +148,8 @@ def quantdiff_attention_forward(
         if "operands" not in state:
             state["operands"] = tap.operand_quantizer(query, key)
         query, key = state["operands"]
-    if not tap.needs_logits:
+    # A Diff repeat call shows its hooks nothing, so without a logits quantizer SDPA gives the same output faster.
+    if not tap.needs_logits or (repeat is not None and tap.logits_quantizer is None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling, **kwargs)
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2  # additive float mask -> bool

@@ -195,6 +195,7 @@ def plot_sweep(cells: Sequence[Cell], path: str | Path, metric: str) -> None:
     lines = list(dict.fromkeys((c.method, c.site) for c in cells if not c.is_reference))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = "osD^vP*X"
+    styles = ["-", "-.", ":", (0, (5, 1))]  # "--" is the reference's; lines that coincide stay distinguishable
     fig, ax = plt.subplots(figsize=(6, 4))
     for m, model in enumerate(models):
         colour = colours[m % len(colours)]
@@ -204,7 +205,9 @@ def plot_sweep(cells: Sequence[Cell], path: str | Path, metric: str) -> None:
             points = sorted((x_of[c.bits], c.metrics[metric]) for c in cells if c.model == model and (c.method, c.site) == (method, site))
             if points:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, color=colour, marker=markers[n % len(markers)], label=f"{model} {method} @{site}")
+                ax.plot(xs, ys, color=colour, marker=markers[n % len(markers)], linestyle=styles[n % len(styles)], label=f"{model} {method} @{site}")
+    if all(c.metrics[metric] >= 0 for c in cells):
+        ax.set_ylim(bottom=max(ax.get_ylim()[0], 0.0))  # no negative ticks for accuracies and losses
     ax.set_xticks(range(len(bits)), [str(b) for b in bits])
     ax.set_xlabel("bits")
     ax.set_ylabel(metric)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+# Before anything imports torch: with OpenMP's default (active) wait policy, 2-thread torch steps stalled for
+# seconds on 2-core machines (DESIGN.md). Users can still override it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer
 
@@ -47,9 +52,16 @@ def build_app() -> typer.Typer:
     return app
 
 
+def _quiet_transformers() -> None:
+    """transformers' own 'Loading weights' / 'Writing shards' bars would interleave with ours."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors and QuantdiffError become `error: <one line>` and exit code 2 / 1."""
     app = build_app()
+    _quiet_transformers()
     try:
         app(args=argv, standalone_mode=False)
     except typer.Exit as exc:

@@ -258,4 +258,5 @@ def register() -> None:
 
 
 def iter_attention_modules(model: nn.Module) -> Iterator[nn.Module]:
+    """Attention modules carrying a Tap, in model order."""
     return (m for m in model.modules() if isinstance(getattr(m, "quantdiff_tap", None), Tap))

@@ -8,7 +8,7 @@ into H/2 differential heads whose value width is doubled — exactly the paper's
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
@@ -105,7 +105,3 @@ def preset_from_dict(data: dict) -> SizePreset:
     if unknown:
         raise ConfigError(f"unknown model key(s): {', '.join(unknown)}")
     return SizePreset(**data)
-
-
-def preset_to_dict(preset: SizePreset) -> dict:
-    return asdict(preset)

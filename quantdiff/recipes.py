@@ -36,6 +36,9 @@ class DataConfig:
     # Words per needle value at step 0, shrinking to the evaluated 3 by mid-training: long values give many
     # copyable tokens per document, the signal a tiny model needs before any induction head forms.
     retrieval_value_words_start: int = 3
+    # Steps during which the needle rows are random-token copy documents instead (train.copy_document): a pure
+    # induction signal with no corpus to fall back on, so a tiny model forms copy heads before the needles.
+    copy_warmup_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ def _check(recipe: Recipe) -> None:
     data, train = recipe.data, recipe.train
     if data.corpus not in CORPORA:
         raise ConfigError(f"unknown corpus {data.corpus!r} (known: {', '.join(CORPORA)})")
+    if data.copy_warmup_steps < 0:
+        raise ConfigError("[data] copy_warmup_steps must be at least 0")
     if data.retrieval_value_words_start < 1 or data.retrieval_max_needles < 1:
         raise ConfigError("[data] retrieval_value_words_start and retrieval_max_needles must be at least 1")
     if not 0 < data.held_out_fraction < 1 or not 0 <= data.retrieval_fraction <= 1:

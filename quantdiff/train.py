@@ -11,7 +11,8 @@ needle document (quantdiff/tasks/retrieval_data.py) whose filler comes from the 
 curriculum, over the first half of training, raises the needles per document from 1 to
 `retrieval_max_needles`, spreads them from the last 10% of the document (copy distance of a few
 tokens, which a tiny model picks up first) to anywhere in it (copy across the whole context), and
-shortens the values from `retrieval_value_words_start` words to the evaluated length.
+shortens the values from `retrieval_value_words_start` words to the evaluated length. For the first
+`copy_warmup_steps` steps the needle rows are random-token copy documents instead (`copy_document`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from .tasks.retrieval_data import VALUE_LENGTH, Filler, NeedleExample, make_need
 from .tokenizer import save_tokenizer, train_bpe
 
 CHECKPOINT = ".checkpoint"  # inside --out; removed once the pair is saved
+# DESIGN.md: a 0.94M model learns to copy a 16-token random span repeated after 0–32 random tokens within ~500 steps.
+COPY_SPAN, COPY_GAP = 16, 32
 IGNORE = -100  # label of padding: no loss
 
 
@@ -88,6 +91,18 @@ def needle_document(rng: random.Random, data: PairData, length: int, max_needles
     return data.tokenizer(example.text, add_special_tokens=False)["input_ids"]
 
 
+def copy_document(rng: random.Random, tokenizer: PreTrainedTokenizerBase, length: int) -> list[int]:
+    """`length` random non-special token ids: spans of COPY_SPAN tokens, each repeated after 0–COPY_GAP others.
+
+    Only the repeats are predictable, so the loss on them can fall only by copying from the context."""
+    vocab = range(max(tokenizer.all_special_ids) + 1, len(tokenizer))
+    ids: list[int] = []
+    while len(ids) < length:
+        span = rng.choices(vocab, k=COPY_SPAN)
+        ids += span + rng.choices(vocab, k=rng.randint(0, COPY_GAP)) + span
+    return ids[:length]
+
+
 def make_batch(step: int, data: PairData, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets), each (B, T): the batch of `step`, a pure function of (seed, step)."""
     cfg = recipe.train
@@ -99,7 +114,11 @@ def make_batch(step: int, data: PairData, recipe: Recipe) -> tuple[torch.Tensor,
     targets_valid = torch.ones(B, T + 1, dtype=torch.bool)
     for r in range(B):
         if is_needle[r]:
-            ids = needle_document(random.Random(f"{cfg.seed}/{step}/{r}"), data, T + 1, *curriculum(step, recipe))
+            rng = random.Random(f"{cfg.seed}/{step}/{r}")
+            if step < recipe.data.copy_warmup_steps:
+                ids = copy_document(rng, data.tokenizer, T + 1)
+            else:
+                ids = needle_document(rng, data, T + 1, *curriculum(step, recipe))
             rows[r, : len(ids)] = torch.tensor(ids)
             targets_valid[r, len(ids) :] = False
         else:

@@ -95,6 +95,29 @@ def test_batches_are_a_pure_function_of_seed_and_step(synthetic_corpus, recipe):
     assert 0 < needle_rows < len(texts)  # retrieval_fraction = 0.5
 
 
+def test_copy_warmup_rows_repeat_a_random_span_and_later_batches_are_unchanged(synthetic_corpus, recipe):
+    warm = parse_recipe(RECIPE.replace("[data]", "[data]\ncopy_warmup_steps = 3"), "unit")
+    data = training.prepare_data(recipe)
+    specials = set(data.tokenizer.all_special_ids)
+    copy_rows = 0
+    for step in range(recipe.train.steps):
+        (a_in, a_tg), (b_in, b_tg) = training.make_batch(step, data, recipe), training.make_batch(step, data, warm)
+        if step >= 3:  # after the warm-up (and with the default of 0 throughout) nothing changes
+            assert torch.equal(a_in, b_in) and torch.equal(a_tg, b_tg)
+            continue
+        for r in range(len(a_in)):
+            if " Recall " not in data.tokenizer.decode(a_in[r]):
+                assert torch.equal(a_in[r], b_in[r]) and torch.equal(a_tg[r], b_tg[r])
+                continue
+            copy_rows += 1
+            row = torch.cat([b_in[r], b_tg[r, -1:]]).tolist()
+            assert (b_tg[r] != training.IGNORE).all() and not specials & set(row)  # loss on every token
+            span = row[: training.COPY_SPAN]
+            gaps = range(training.COPY_GAP + 1)
+            assert any(row[training.COPY_SPAN + g : 2 * training.COPY_SPAN + g] == span for g in gaps)
+    assert copy_rows > 0
+
+
 def test_unigram_entropy_matches_the_formula():
     ids = torch.tensor([0, 0, 1, 2, 2, 2, 2, 3])
     p = torch.tensor([2, 1, 4, 1], dtype=torch.float64) / 8

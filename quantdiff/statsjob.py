@@ -50,7 +50,7 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
     """Resolve models, read their configs and tokenizers and the data, check outputs: every error before any run."""
     from .data import load_sequences, make_batches
     from .loading import load_config, load_tokenizer
-    from .zoo import resolve
+    from .evaluate import resolve_models
 
     for flag, value in (("--tokens", options.tokens), ("--batch-size", options.batch_size), ("--top-k", options.k), ("--seq-len", options.seq_len)):
         if value is not None and value < 1:
@@ -63,10 +63,9 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
         raise ConfigError(f"--json path is a directory: {options.json_path}")
     if options.plot_dir is not None and options.plot_dir.exists() and not options.plot_dir.is_dir():
         raise ConfigError(f"--plot path exists and is not a directory: {options.plot_dir}")
-    paths = [path for name in options.models for path in resolve(name)]
-    names = _unique_names(paths)
+    named = resolve_models(options.models)  # the same model names as `quantdiff sweep` gives
     planned = []
-    for name, path in zip(names, paths):
+    for name, path in named:
         config = load_config(path)
         positions = getattr(config, "max_position_embeddings", None) or DEFAULT_SEQ_LEN
         seq_len = options.seq_len or min(DEFAULT_SEQ_LEN, positions)
@@ -93,12 +92,6 @@ def _pretokenized(source: str) -> bool:
         return "input_ids" in json.loads(first)
     except (ValueError, OSError, TypeError):
         return False  # load_sequences reports the problem with its line number
-
-
-def _unique_names(paths: list[Path]) -> list[str]:
-    """Last two path parts when the last alone is ambiguous (tiny/standard vs other/standard)."""
-    names = [p.name for p in paths]
-    return [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
 
 
 def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> dict | None:

@@ -64,7 +64,7 @@ def load_sequences(source: str, tokenize: Tokenize | None, tokens: int, seq_len:
         if path.suffix == ".jsonl":
             sequences = _jsonl(path, tokenize, tokens, seq_len)
         else:
-            sequences = _windows(_chunks(_read_text(path)), _need(tokenize, source), tokens, seq_len)
+            sequences = _windows(_chunks(read_text(path)), _need(tokenize, source), tokens, seq_len)
     out = _budget(sequences, tokens)
     if not out:
         raise DataError(f"no tokens in {source}")
@@ -103,7 +103,8 @@ def _need(tokenize: Tokenize | None, source: str) -> Tokenize:
     return tokenize
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
+    """A UTF-8 text file's contents; DataError with a one-line reason if missing, unreadable or empty."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -117,6 +118,15 @@ def _read_text(path: Path) -> str:
     if not text.strip():
         raise DataError(f"data file is empty: {path}")
     return text
+
+
+def text_or_held_out(path: Path | None) -> str:
+    """A task's text: the given file, or the corpus' held-out split (never trained on) when None."""
+    if path is None:
+        from .corpus import held_out_text
+
+        return held_out_text()
+    return read_text(Path(path))
 
 
 def _chunks(text: str) -> list[str]:
@@ -151,7 +161,7 @@ def _windows(texts, tokenize: Tokenize, tokens: int, seq_len: int, per_text: boo
 
 
 def _jsonl(path: Path, tokenize: Tokenize | None, tokens: int, seq_len: int) -> list[list[int]]:
-    text = _read_text(path)
+    text = read_text(path)
     records, field = [], None
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

@@ -56,7 +56,7 @@ def test_token_budget_and_limit(text_file):
 
 
 def test_bad_inputs(tmp_path):
-    with pytest.raises(DataError, match="cannot read"):
+    with pytest.raises(DataError, match="not found"):
         LMTask(path=tmp_path / "absent.txt").prepare(ModTokenizer())
     (tmp_path / "one.txt").write_text("a")
     with pytest.raises(DataError, match="shorter than two tokens"):

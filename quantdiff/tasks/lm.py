@@ -14,6 +14,7 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import DataError
+from ..data import text_or_held_out
 from .scoring import Progress, max_positions, score_targets
 
 
@@ -43,21 +44,11 @@ class LMTask:
     name: str = "lm"
     metrics: tuple[str, ...] = ("accuracy", "loss", "perplexity")
 
-    def load_text(self) -> str:
-        if self.path is None:
-            from ..corpus import held_out_text
-
-            return held_out_text()
-        try:
-            return Path(self.path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DataError(f"cannot read {self.path}: {exc}") from None
-
     def prepare(self, tokenizer, limit: int | None = None) -> PreparedLM:
         """Windows of the first `tokens` tokens; `limit` caps the number of windows."""
         if self.context < 2:
             raise DataError(f"an lm window needs at least 2 tokens, got context={self.context}")
-        ids = list(tokenizer.encode(self.load_text(), add_special_tokens=False))[: self.tokens]
+        ids = list(tokenizer.encode(text_or_held_out(self.path), add_special_tokens=False))[: self.tokens]
         windows = [ids[i : i + self.context] for i in range(0, len(ids), self.context)]
         windows = [w for w in windows if len(w) >= 2][:limit]
         if not windows:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import attention
+from ..data import text_or_held_out
 from ..errors import DataError
 from .choice import encode_pair
 from .retrieval_data import Filler, NeedleExample, make_needle_example
@@ -164,20 +165,10 @@ class RetrievalTask:
     name: str = "retrieval"
     metrics: tuple[str, ...] = ("accuracy", "attention_to_answer", "attention_noise")
 
-    def load_filler_text(self) -> str:
-        if self.filler_path is None:
-            from ..corpus import held_out_text
-
-            return held_out_text()
-        try:
-            return Path(self.filler_path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DataError(f"cannot read {self.filler_path}: {exc}") from None
-
     def make_examples(self, tokenizer, limit: int | None = None) -> list[NeedleExample]:
         if self.depth is not None and not 0.0 <= self.depth <= 1.0:
             raise DataError(f"needle depth must be in [0, 1], got {self.depth}")
-        filler = Filler.from_tokenizer(self.load_filler_text(), tokenizer)
+        filler = Filler.from_tokenizer(text_or_held_out(self.filler_path), tokenizer)
         rng = random.Random(self.seed)
         n = self.examples if limit is None else min(limit, self.examples)
         return [

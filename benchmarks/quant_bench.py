@@ -48,9 +48,9 @@ def interleaved(fns: dict[str, Callable[[], object]], device: torch.device, repe
 
 
 def bench_attention(args: argparse.Namespace, device: torch.device) -> None:
-    from quantdiff.loading import prepare
-    from quantdiff.pairs import SizePreset, build_pair
-    from quantdiff.sites import AbsmaxMethod, LogitsSite, QuantConfig, quantized
+    from quantdiff.models.loading import prepare
+    from quantdiff.models.pairs import SizePreset, build_pair
+    from quantdiff.quant.sites import AbsmaxMethod, LogitsSite, QuantConfig, quantized
 
     preset = SizePreset(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads, vocab_size=4096,
                         max_position_embeddings=args.seq)
@@ -82,7 +82,7 @@ def bench_attention(args: argparse.Namespace, device: torch.device) -> None:
 def bench_linear(args: argparse.Namespace, device: torch.device) -> None:
     import bitsandbytes as bnb
 
-    from quantdiff.sites import LinearSite, LLMInt8Method, QuantConfig, apply_quantization
+    from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, apply_quantization
 
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     torch.manual_seed(0)

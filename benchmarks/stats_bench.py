@@ -24,12 +24,12 @@ import time
 
 import torch
 
-from quantdiff.data import Batch
-from quantdiff.loading import prepare
-from quantdiff.pairs import SizePreset, build_model, pair_configs
-from quantdiff.stats import QUANTILE_RELATIVE_ERROR, AbsStats
-from quantdiff.observe import observe
-from quantdiff.statsrun import StatsCollector, collect_stats
+from quantdiff.data.sources import Batch
+from quantdiff.models.loading import prepare
+from quantdiff.models.pairs import SizePreset, build_model, pair_configs
+from quantdiff.stats.engine import QUANTILE_RELATIVE_ERROR, AbsStats
+from quantdiff.attention.observe import observe
+from quantdiff.stats.collect import StatsCollector, collect_stats
 
 
 def sync(device: torch.device) -> None:

@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from quantdiff.pairs import SizePreset, build_pair, parameter_count
-from quantdiff.recipes import TrainConfig
-from quantdiff.train import lm_loss, make_optimizer
+from quantdiff.models.pairs import SizePreset, build_pair, parameter_count
+from quantdiff.train.recipe import TrainConfig
+from quantdiff.train.loop import lm_loss, make_optimizer
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
 

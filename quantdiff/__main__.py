@@ -1,5 +1,5 @@
 """`python -m quantdiff …` runs the CLI (also what `torchrun -m quantdiff stats …` needs)."""
 
-from .cli import main
+from quantdiff.cli.app import main
 
 main()

@@ -16,4 +16,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 # The corpus (public-domain Jane Austen novels, Debian package r-cran-janeaustenr) is read at run time, never
 # committed; without it the corpus-based tasks say how to install it and the synthetic ones still run.
-.venv/bin/python -m quantdiff.corpus --install || echo "warning: corpus not installed; corpus-based tasks will explain how" >&2
+.venv/bin/python -m quantdiff.data.corpus --install || echo "warning: corpus not installed; corpus-based tasks will explain how" >&2

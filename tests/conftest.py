@@ -15,7 +15,7 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 @pytest.fixture
 def tiny_preset():
-    from quantdiff.pairs import SizePreset
+    from quantdiff.models.pairs import SizePreset
 
     # Grouped-query attention (4 query heads, 2 KV heads) so the GQA path is exercised everywhere.
     return SizePreset(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=97, max_position_embeddings=128)
@@ -23,6 +23,6 @@ def tiny_preset():
 
 @pytest.fixture
 def tiny_pair(tiny_preset):
-    from quantdiff.pairs import build_pair
+    from quantdiff.models.pairs import build_pair
 
     return {kind: model.eval() for kind, model in build_pair(tiny_preset, seed=0, attn_implementation="eager").items()}

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from quantdiff import attention
-from quantdiff.loading import prepare
-from quantdiff.pairs import build_pair, lambda_parameter_count, pair_configs, parameter_count
+import quantdiff.attention.backend as attention
+from quantdiff.models.loading import prepare
+from quantdiff.models.pairs import build_pair, lambda_parameter_count, pair_configs, parameter_count
 
 T = 13
 
@@ -212,7 +212,7 @@ def _naive_quantized_attention(bits):
 def test_quantized_logits_match_naive_full_matrix(tiny_pair, kind, tile_size):
     from transformers import AttentionInterface
 
-    from quantdiff.sites import AbsmaxMethod, LogitsSite, QuantConfig, quantized
+    from quantdiff.quant.sites import AbsmaxMethod, LogitsSite, QuantConfig, quantized
 
     model = tiny_pair[kind]
     ids = torch.randint(0, 97, (2, T), generator=torch.Generator().manual_seed(4))

@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from quantdiff.quant import llm_int8_matmul, vectorwise_quantize
-from quantdiff.sites import LinearSite, LLMInt8Method, QuantConfig, quantized
+from quantdiff.quant.numerics import llm_int8_matmul, vectorwise_quantize
+from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, quantized
 
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # "inputs will be cast to float16" on every call
 

@@ -9,10 +9,10 @@ import zlib
 import pytest
 from transformers import AutoTokenizer
 
-from quantdiff import corpus
-from quantdiff.errors import DataError
-from quantdiff.tasks.retrieval_data import VALUE_LENGTH, Filler, make_needle_example
-from quantdiff.tokenizer import BOS, EOS, PAD, save_tokenizer, train_bpe
+from quantdiff.data import corpus
+from quantdiff.core.errors import DataError
+from quantdiff.data.needles import VALUE_LENGTH, Filler, make_needle_example
+from quantdiff.models.tokenizer import BOS, EOS, PAD, save_tokenizer, train_bpe
 
 WORDS = "the lady walked to the house and spoke with her sister about a letter from town".split()
 
@@ -63,14 +63,14 @@ def test_missing_corpus_says_how_to_install(tmp_path, monkeypatch):
     corpus.read_novels.cache_clear()
     corpus.split_text.cache_clear()
     try:
-        with pytest.raises(DataError, match="python -m quantdiff.corpus --install"):
+        with pytest.raises(DataError, match="python -m quantdiff.data.corpus --install"):
             corpus.train_text()
     finally:
         corpus.read_novels.cache_clear()
         corpus.split_text.cache_clear()
 
 
-@pytest.mark.skipif(corpus.find_rdata() is None, reason="corpus not installed (python -m quantdiff.corpus --install)")
+@pytest.mark.skipif(corpus.find_rdata() is None, reason="corpus not installed (python -m quantdiff.data.corpus --install)")
 def test_real_corpus_splits_are_disjoint_chapters():
     novels = corpus.read_novels()
     assert len(novels) == 6

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantdiff import attention
-from quantdiff.loading import load, prepare
+import quantdiff.attention.backend as attention
+from quantdiff.models.loading import load, prepare
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

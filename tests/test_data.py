@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from quantdiff.data import load_sequences, make_batches, shard
-from quantdiff.errors import DataError
+from quantdiff.data.sources import load_sequences, make_batches, shard
+from quantdiff.core.errors import DataError
 
 VOCAB = 1000
 

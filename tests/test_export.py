@@ -14,22 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from quantdiff import __version__, loading
-from quantdiff.attention import taps
-from quantdiff.cli import main
-from quantdiff.errors import ConfigError, LoadError
-from quantdiff.export import (
-    AbsmaxExport,
-    Bnb4bitExport,
-    LLMInt8Export,
-    export_quantized,
-    is_quantdiff_checkpoint,
-    load_quantized,
-    parse_export,
-)
-from quantdiff.packing import pack_codes, packed_size, unpack_codes
-from quantdiff.pairs import SizePreset, build_pair
-from quantdiff.sites import AbsmaxMethod, LinearSite, LLMInt8Method, LogitsSite, QuantConfig, fake_quant_weight, linear_targets, quantized
+from quantdiff import __version__
+from quantdiff.models import loading
+from quantdiff.attention.backend import taps
+from quantdiff.cli.app import main
+from quantdiff.core.errors import ConfigError, LoadError
+from quantdiff.quant.checkpoint import is_quantdiff_checkpoint, load_quantized
+from quantdiff.quant.export import export_quantized
+from quantdiff.quant.formats import AbsmaxExport, Bnb4bitExport, LLMInt8Export, parse_export
+from quantdiff.quant.packing import pack_codes, packed_size, unpack_codes
+from quantdiff.models.pairs import SizePreset, build_pair
+from quantdiff.quant.sites import AbsmaxMethod, LinearSite, LLMInt8Method, LogitsSite, QuantConfig, fake_quant_weight, linear_targets, quantized
 
 PRESET = SizePreset(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=97, max_position_embeddings=64)
 IDS = torch.randint(0, PRESET.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
@@ -271,7 +266,7 @@ def test_cli_writes_and_summarises(sources, tmp_path, capsys):
 KILL_DRIVER = textwrap.dedent(
     """
     import sys, time
-    import quantdiff.export as export
+    import quantdiff.quant.export as export
 
     real_save = export.save_file
 
@@ -281,7 +276,8 @@ KILL_DRIVER = textwrap.dedent(
         time.sleep(120)
 
     export.save_file = save_then_hang
-    export.export_quantized(sys.argv[1], sys.argv[2], export.AbsmaxExport(4), force=True)
+    from quantdiff.quant.formats import AbsmaxExport
+    export.export_quantized(sys.argv[1], sys.argv[2], AbsmaxExport(4), force=True)
     """
 )
 
@@ -340,8 +336,8 @@ def test_parse_export():
 
 
 def test_cli_eval_compares_source_and_reloaded_export(tmp_path, monkeypatch):
-    from quantdiff import evaluate
-    from quantdiff.tokenizer import save_tokenizer, train_bpe
+    from quantdiff.jobs import evaluate
+    from quantdiff.models.tokenizer import save_tokenizer, train_bpe
 
     text = " ".join(f"The cat number {i} sat on the mat and looked at bird {i * 7 % 13}." for i in range(100))
     (tmp_path / "text.txt").write_text(text)

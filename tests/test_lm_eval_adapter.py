@@ -10,13 +10,14 @@ import torch
 from task_fakes import EXPECTED_ACC, EXPECTED_ACC_NORM, ITEMS, CharTokenizer, UnigramModel, logp
 from test_tasks_cloze import synthetic_text
 
-from quantdiff.cloze import build_cloze_set
-from quantdiff.errors import ConfigError
-from quantdiff.loading import prepare
-from quantdiff.pairs import SizePreset, build_model, pair_configs
-from quantdiff.sites import parse_config, quantized
-from quantdiff.tasks.choice import ChoiceTask, encode_pair, write_jsonl
-from quantdiff.tokenizer import train_bpe
+from quantdiff.data.cloze import build_cloze_set
+from quantdiff.core.errors import ConfigError
+from quantdiff.models.loading import prepare
+from quantdiff.models.pairs import SizePreset, build_model, pair_configs
+from quantdiff.quant.sites import parse_config, quantized
+from quantdiff.data.choice_items import write_jsonl
+from quantdiff.eval.tasks.choice import ChoiceTask, encode_pair
+from quantdiff.models.tokenizer import train_bpe
 
 TASK_NAME = "quantdiff_tiny_hellaswag"
 
@@ -63,7 +64,7 @@ def harness_scores(lm, path, cache_dir) -> tuple[float, float]:
 
 
 def test_hand_computed_items_through_simple_evaluate(offline):
-    from quantdiff.lm_eval_adapter import QuantdiffLM
+    from quantdiff.eval.lm_eval_adapter import QuantdiffLM
 
     path = offline / "items.jsonl"
     path.write_text("".join(json.dumps(item) + "\n" for item in ITEMS))
@@ -74,7 +75,7 @@ def test_hand_computed_items_through_simple_evaluate(offline):
 def test_quantized_model_gives_the_choice_task_numbers(offline):
     from lm_eval.api.model import TemplateLM
 
-    from quantdiff.lm_eval_adapter import QuantdiffLM
+    from quantdiff.eval.lm_eval_adapter import QuantdiffLM
 
     text = synthetic_text(n_paragraphs=30)
     tokenizer = train_bpe(text, vocab_size=300)
@@ -102,7 +103,7 @@ def test_quantized_model_gives_the_choice_task_numbers(offline):
 def test_rolling_loglikelihood_and_greedy_generation():
     from lm_eval.api.instance import Instance
 
-    from quantdiff.lm_eval_adapter import QuantdiffLM
+    from quantdiff.eval.lm_eval_adapter import QuantdiffLM
 
     lm = QuantdiffLM(UnigramModel(), CharTokenizer())
     rolling = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("ab a",), 0)])

@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-import quantdiff
-from quantdiff.cli import main
-from quantdiff.errors import LoadError
-from quantdiff.loading import load
+from quantdiff.cli.app import main
+from quantdiff.core.errors import LoadError
+from quantdiff.attention.backend import taps
+from quantdiff.quant.checkpoint import load
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_load_third_architecture(tmp_path):
                       intermediate_size=64, vocab_size=50)
     Qwen2ForCausalLM(cfg).save_pretrained(tmp_path)
     model = load(tmp_path, device="cpu")
-    assert len(quantdiff.attention.taps(model)) == 1
+    assert len(taps(model)) == 1
 
 
 def _truncate(path):
@@ -96,7 +96,8 @@ def test_pickle_next_to_safetensors_is_never_read(saved_pair, monkeypatch):
 
 @pytest.mark.parametrize("method,bits", [("absmax", 4), ("nf4", 4)])
 def test_load_reads_quantized_exports(saved_pair, tmp_path, method, bits):
-    from quantdiff.export import export_quantized, parse_export
+    from quantdiff.quant.export import export_quantized
+    from quantdiff.quant.formats import parse_export
 
     source = saved_pair / "diff"
     out = tmp_path / f"q-{method}"

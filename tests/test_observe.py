@@ -10,13 +10,13 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from quantdiff import attention
-from quantdiff.data import Batch
-from quantdiff.loading import prepare
-from quantdiff.observe import decoder_layers, observe
-from quantdiff.pairs import SizePreset, build_model, pair_configs
-from quantdiff.stats import QUANTILE_RELATIVE_ERROR
-from quantdiff.statsrun import collect_stats
+import quantdiff.attention.backend as attention
+from quantdiff.data.sources import Batch
+from quantdiff.models.loading import prepare
+from quantdiff.attention.observe import decoder_layers, observe
+from quantdiff.models.pairs import SizePreset, build_model, pair_configs
+from quantdiff.stats.engine import QUANTILE_RELATIVE_ERROR
+from quantdiff.stats.collect import collect_stats
 
 K = 25
 PAD = 0

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantdiff.errors import ConfigError
-from quantdiff.quant import (
+from quantdiff.core.errors import ConfigError
+from quantdiff.quant.numerics import (
     PerColumn,
     PerRow,
     PerTensor,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from quantdiff import cli, corpus
-from quantdiff.errors import ConfigError, DataError
-from quantdiff.pairs import SizePreset
-from quantdiff.recipes import REPO_RECIPES, load_recipe, parse_recipe
+from quantdiff.cli import app as cli
+from quantdiff.data import corpus
+from quantdiff.core.errors import ConfigError, DataError
+from quantdiff.models.pairs import SizePreset
+from quantdiff.train.recipe import REPO_RECIPES, load_recipe, parse_recipe
 
 GOOD = """
 [model]
@@ -78,7 +79,7 @@ def test_cli_bad_recipe_is_one_line_and_trains_nothing(tmp_path, capsys):
 
 
 def test_missing_corpus_is_a_data_error_before_training(tmp_path, monkeypatch):
-    from quantdiff.train import train_pair
+    from quantdiff.train.loop import train_pair
 
     monkeypatch.setenv("QUANTDIFF_CORPUS_DIR", str(tmp_path / "none"))
     monkeypatch.setattr(corpus, "SYSTEM_ROOT", tmp_path)

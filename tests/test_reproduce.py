@@ -4,12 +4,11 @@ with the JSON beside them."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
-from quantdiff import corpus
-from quantdiff.cli import main
+from quantdiff.data import corpus
+from quantdiff.cli.app import main
 
 MICRO_RECIPE = """
 [data]

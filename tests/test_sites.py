@@ -7,12 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quantdiff import loading
-from quantdiff.attention import taps
-from quantdiff.errors import ConfigError
-from quantdiff.pairs import SizePreset, build_pair
-from quantdiff.quant import PerColumn, PerRow, PerTensor
-from quantdiff.sites import (
+from quantdiff.models import loading
+from quantdiff.attention.backend import taps
+from quantdiff.core.errors import ConfigError
+from quantdiff.models.pairs import SizePreset, build_pair
+from quantdiff.quant.numerics import PerColumn, PerRow, PerTensor
+from quantdiff.quant.sites import (
     AbsmaxMethod,
     LinearSite,
     LLMInt8Method,

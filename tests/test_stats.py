@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantdiff.stats import (
+from quantdiff.stats.engine import (
     N_BINS,
     Workspace,
     _histogram_index,

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from quantdiff.cli import main
-from quantdiff.pairs import SizePreset, build_pair
-from quantdiff.report_stats import table5_values
-from quantdiff.savedir import save_pair
-from quantdiff.tokenizer import save_tokenizer, train_bpe
+from quantdiff.cli.app import main
+from quantdiff.models.pairs import SizePreset, build_pair
+from quantdiff.report.stats_report import table5_values
+from quantdiff.core.savedir import save_pair
+from quantdiff.models.tokenizer import save_tokenizer, train_bpe
 
 TEXT = "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife. " * 40
 

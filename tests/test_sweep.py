@@ -9,15 +9,15 @@ import re
 import pytest
 import torch
 
-from quantdiff import cli
-from quantdiff.errors import ConfigError
-from quantdiff.loading import load, load_tokenizer
-from quantdiff.pairs import SizePreset, build_pair
-from quantdiff.savedir import save_pair
-from quantdiff.sites import parse_config
-from quantdiff.sweep import Cell, cells_from_json, cells_to_json, parse_bits, plan_sweep, run_sweep, sweep_table
-from quantdiff.tasks.lm import LMTask
-from quantdiff.tokenizer import save_tokenizer, train_bpe
+from quantdiff.cli import app as cli
+from quantdiff.core.errors import ConfigError
+from quantdiff.models.loading import load, load_tokenizer
+from quantdiff.models.pairs import SizePreset, build_pair
+from quantdiff.core.savedir import save_pair
+from quantdiff.quant.sites import parse_config
+from quantdiff.eval.sweep import Cell, cells_from_json, cells_to_json, parse_bits, plan_sweep, run_sweep, sweep_table
+from quantdiff.eval.tasks.lm import LMTask
+from quantdiff.models.tokenizer import save_tokenizer, train_bpe
 
 TRAIN_STEPS = 40
 WORDS = "the of and to a in that was her not it his be as had with for she you".split()
@@ -165,8 +165,8 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(trained_pair, tmp_path, ca
 
 
 def test_model_names(trained_pair, tmp_path, monkeypatch):
-    from quantdiff import zoo
-    from quantdiff.evaluate import resolve_models
+    from quantdiff.models import names as zoo
+    from quantdiff.jobs.evaluate import resolve_models
 
     pair = trained_pair / "pair"
     monkeypatch.setattr(zoo, "ASSETS", trained_pair)

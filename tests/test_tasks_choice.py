@@ -8,9 +8,10 @@ import math
 import pytest
 from task_fakes import EXPECTED_ACC, EXPECTED_ACC_NORM, ITEMS, CharTokenizer, UnigramModel, hand_loglik
 
-from quantdiff.errors import DataError
-from quantdiff.tasks.choice import ChoiceItem, ChoiceTask, choice_metrics, read_jsonl, write_jsonl
-from quantdiff.tasks.scoring import score_targets
+from quantdiff.core.errors import DataError
+from quantdiff.data.choice_items import ChoiceItem, read_jsonl, write_jsonl
+from quantdiff.eval.tasks.choice import ChoiceTask, choice_metrics
+from quantdiff.eval.scoring import score_targets
 
 
 @pytest.fixture
@@ -71,7 +72,7 @@ def test_malformed_line_is_reported_with_its_number(tmp_path, bad_line):
     good = json.dumps({"ctx": "a", "endings": ["b", "c"], "label": 0})
     path = tmp_path / "bad.jsonl"
     path.write_text(f"{good}\n\n{bad_line}\n{good}\n")  # the blank line 2 is skipped but counted
-    with pytest.raises(DataError, match=rf"bad\.jsonl:3: ") as info:
+    with pytest.raises(DataError, match=r"bad\.jsonl:3: ") as info:
         read_jsonl(path)
     assert "\n" not in str(info.value)
 

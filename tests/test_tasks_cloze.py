@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from quantdiff import cloze, corpus
-from quantdiff.errors import DataError
+from quantdiff.data import cloze, corpus
+from quantdiff.core.errors import DataError
 
 
 def synthetic_text(n_paragraphs: int = 40, seed: int = 1) -> str:

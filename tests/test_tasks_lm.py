@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from quantdiff.errors import DataError
-from quantdiff.loading import prepare
-from quantdiff.tasks.lm import LMTask
+from quantdiff.core.errors import DataError
+from quantdiff.models.loading import prepare
+from quantdiff.eval.tasks.lm import LMTask
 
 
 class ModTokenizer:

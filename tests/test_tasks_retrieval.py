@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from quantdiff import attention
-from quantdiff.loading import prepare
-from quantdiff.pairs import SizePreset, build_pair
-from quantdiff.sites import parse_config, quantized
-from quantdiff.tasks.retrieval import RetrievalTask, answer_attention, exact_matches
-from quantdiff.tasks.retrieval_data import KEYS, VALUE_WORDS
-from quantdiff.tokenizer import train_bpe
+import quantdiff.attention.backend as attention
+from quantdiff.models.loading import prepare
+from quantdiff.models.pairs import SizePreset, build_pair
+from quantdiff.quant.sites import parse_config, quantized
+from quantdiff.eval.tasks.retrieval import RetrievalTask, answer_attention, exact_matches
+from quantdiff.data.needles import KEYS, VALUE_WORDS
+from quantdiff.models.tokenizer import train_bpe
 
 WORDS = "river mill lantern quiet morning letter sister garden carriage evening window promise walked said".split()
 

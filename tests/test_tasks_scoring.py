@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from quantdiff.loading import prepare
-from quantdiff.sites import parse_config, quantized
-from quantdiff.tasks.scoring import score_targets
+from quantdiff.models.loading import prepare
+from quantdiff.quant.sites import parse_config, quantized
+from quantdiff.eval.scoring import score_targets
 
 
 def naive_scores(model, requests):

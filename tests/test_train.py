@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from quantdiff import corpus
-from quantdiff import train as training
-from quantdiff.pairs import KINDS, build_pair
-from quantdiff.recipes import parse_recipe
+from quantdiff.data import corpus
+from quantdiff.train import loop as training
+from quantdiff.models.pairs import KINDS, build_pair
+from quantdiff.train.recipe import parse_recipe
 
 RECIPE = """
 [data]

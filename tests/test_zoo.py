@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DiffLlamaForCausalLM, LlamaForCausalLM
 
-from quantdiff import zoo
-from quantdiff.errors import LoadError
-from quantdiff.pairs import KINDS, lambda_parameter_count, pair_configs, parameter_count
-from quantdiff.recipes import REPO_RECIPES, load_recipe
+from quantdiff.models import names as zoo
+from quantdiff.core.errors import LoadError
+from quantdiff.models.pairs import KINDS, lambda_parameter_count, pair_configs, parameter_count
+from quantdiff.train.recipe import REPO_RECIPES, load_recipe
 
 SHIPPED = {kind: zoo.ASSETS / "tiny" / kind for kind in KINDS}
 
@@ -65,7 +65,7 @@ def test_shipped_pair_parameter_counts_differ_by_lambda_only():
 
 
 def test_shipped_tokenizer_makes_every_needle_word_one_token():
-    from quantdiff.tasks.retrieval_data import KEYS, VALUE_WORDS
+    from quantdiff.data.needles import KEYS, VALUE_WORDS
 
     tokenizer = AutoTokenizer.from_pretrained(SHIPPED["standard"], local_files_only=True)
     for word in KEYS + VALUE_WORDS:

@@ -1,0 +1,1 @@
+"""The quantdiff attention backend: explicit tiled logits through a Tap, and observation hooks."""

@@ -1,0 +1,53 @@
+"""Observation through forward hooks only: attention taps for logits, decoder layers for hidden states.
+
+`observe(model, on_logits, on_hidden)` attaches the hooks and always removes them, so a model leaves the
+block as it entered (and its taps fall back to the SDPA fast path once nobody listens).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+import quantdiff.attention.backend as attention
+from quantdiff.attention.backend import TileContext
+
+LogitsHook = Callable[[torch.Tensor, TileContext], None]  # (logits (B, H, rows, cols) float32, ctx)
+HiddenHook = Callable[[int, torch.Tensor], None]  # (layer index, hidden states (B, T, D))
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The modules whose direct child is a tapped attention module, in layer order."""
+    layers = []
+    for module in model.modules():
+        tapped = [c for c in module.children() if isinstance(getattr(c, "quantdiff_tap", None), attention.Tap)]
+        if tapped:
+            layers.append((tapped[0].quantdiff_tap.layer_idx, module))
+    return [module for _, module in sorted(layers, key=lambda item: item[0])]
+
+
+@contextmanager
+def observe(model: nn.Module, on_logits: LogitsHook | None = None, on_hidden: HiddenHook | None = None) -> Iterator[None]:
+    """Call on_logits for every logits tile (each logit once) and on_hidden for every decoder layer's output."""
+    handles = []
+    try:
+        if on_logits is not None:
+            for tap in attention.taps(model):
+                handles.append(tap.register_forward_hook(lambda _tap, args, _out: on_logits(*args)))
+        if on_hidden is not None:
+            for index, layer in enumerate(decoder_layers(model)):
+                handles.append(layer.register_forward_hook(_hidden_hook(index, on_hidden)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _hidden_hook(index: int, on_hidden: HiddenHook):
+    def hook(_module: nn.Module, _args, output) -> None:
+        on_hidden(index, output[0] if isinstance(output, (tuple, list)) else output)  # some layers return tuples
+
+    return hook

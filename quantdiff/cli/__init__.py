@@ -1,0 +1,1 @@
+"""The typer command line: the only layer that knows flags."""

@@ -1,0 +1,34 @@
+"""`quantdiff pair OUT`: write an untrained, randomly initialised matched standard/Diff pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def pair(
+    out: Annotated[Path, typer.Argument(help="Directory to create; the pair goes to OUT/standard and OUT/diff.")],
+    hidden_size: Annotated[int, typer.Option(help="Model width.")] = 128,
+    layers: Annotated[int, typer.Option(help="Decoder layers.")] = 4,
+    heads: Annotated[int, typer.Option(help="Baseline attention heads; Diff pairs them into heads/2 differential heads.")] = 4,
+    kv_heads: Annotated[int, typer.Option(help="Key/value heads (grouped-query attention); 0 = heads.")] = 0,
+    vocab_size: Annotated[int, typer.Option(help="Vocabulary size.")] = 512,
+    context: Annotated[int, typer.Option(help="Maximum positions.")] = 512,
+    seed: Annotated[int, typer.Option(help="Initialisation seed (the same for both kinds).")] = 0,
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+) -> None:
+    """Build an UNTRAINED matched pair (same config; parameter counts differ only by the λ vectors)."""
+    from rich.console import Console
+
+    from quantdiff.models.pairs import SizePreset, build_pair, lambda_parameter_count, parameter_count
+    from quantdiff.core.savedir import save_pair
+
+    preset = SizePreset(hidden_size, layers, heads, kv_heads or None, None, vocab_size, context)
+    models = build_pair(preset, seed=seed)
+    save_pair(models, out, force=force)
+    console = Console()
+    for kind, model in models.items():
+        console.print(f"{kind}: {parameter_count(model):,} parameters ({lambda_parameter_count(model):,} λ) -> {out / kind}")
+    console.print("[yellow]untrained: random weights, for trying the tools, not for conclusions[/yellow]")

@@ -1,0 +1,81 @@
+"""`quantdiff quantize MODEL --bits B --method M --out DIR`: a quantized checkpoint that reloads exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def quantize(
+    model: Annotated[str, typer.Argument(help="Model directory or built-in name (e.g. tiny/diff).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory (written atomically).")],
+    bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4.")] = "4",
+    method: Annotated[str, typer.Option("--method", help="absmax (packed, ours), llm-int8, nf4 or fp4 (bitsandbytes layouts).")] = "absmax",
+    threshold: Annotated[float, typer.Option("--threshold", help="llm-int8 outlier threshold, applied to activations at run time.")] = 6.0,
+    include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="Quantize lm_head too (default: decoder-layer linears only).")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing non-empty --out.")] = False,
+    attention_bits: Annotated[Optional[str], typer.Option("--attention-bits", help="Also record an attention quantization (2–16 bits); quantdiff re-applies it on load.")] = None,
+    attention_method: Annotated[str, typer.Option("--attention-method", help="absmax or llm-int8 (with --attention-bits).")] = "absmax",
+    attention_site: Annotated[str, typer.Option("--attention-site", help="logits or qk (with --attention-bits).")] = "logits",
+    eval_task: Annotated[Optional[str], typer.Option("--eval", help="Also evaluate source and reloaded export on this task (choice, lm, retrieval).")] = None,
+    data: Annotated[Optional[Path], typer.Option("--data", help="Data file for --eval (see `quantdiff eval --help`).")] = None,
+    context: Annotated[Optional[int], typer.Option("--context", help="Tokens per window (lm) or document (retrieval) for --eval.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="--eval on the first N items only.")] = None,
+) -> None:
+    """Quantize the linear weights inside the decoder layers and write a complete model directory."""
+    from rich.console import Console
+
+    from quantdiff.core.errors import ConfigError, LoadError
+    from quantdiff.jobs.evaluate import make_cli_task
+    from quantdiff.quant.export import export_quantized
+    from quantdiff.quant.formats import parse_export
+    from quantdiff.models.loading import load_tokenizer
+    from quantdiff.core.savedir import check_target
+    from quantdiff.quant.sites import parse_config
+    from quantdiff.models.names import resolve
+
+    # Every argument is checked before anything is loaded or written.
+    fmt = parse_export(method, bits, threshold)
+    attention = None
+    if attention_bits is not None:
+        if attention_site not in ("logits", "qk"):
+            raise ConfigError(f"--attention-site must be logits or qk, got {attention_site!r}")
+        attention = parse_config(attention_method, attention_bits, attention_site)
+    check_target(out, force)
+    task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be positive, got {limit}")
+    sources = resolve(model)
+    if len(sources) != 1:
+        raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
+    tokenizer = load_tokenizer(sources[0]) if task is not None else None
+    summary = export_quantized(sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention)
+    console = Console(highlight=False)
+    d = summary.description
+    console.print(f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}")
+    console.print(
+        f"size {summary.out_bytes / 1e6:.2f} MB vs {summary.source_bytes / 1e6:.2f} MB source ({summary.size_ratio:.2f}×); "
+        f"quantized weights {summary.quantized_bytes / summary.quantized_bf16_bytes:.2f}× their bf16 size"
+    )
+    console.print(f"modules quantized: {len(summary.modules)}; skipped (kept in {d['dtype']}): {', '.join(summary.skipped) or 'none'}")
+    if attention is not None:
+        a = attention.to_dict()
+        console.print(f"attention recorded: {a['method']['name']} {a['method']['bits']}-bit at site {a['site']['name']} (re-applied on load)")
+    if task is not None:
+        _evaluate(sources[0], out, task, tokenizer, limit)
+
+
+def _evaluate(source: Path, out: Path, task, tokenizer, limit: int | None) -> None:
+    """The task on the source model and on the export as quantdiff reloads it, one model in memory at a time."""
+    from quantdiff.jobs.evaluate import report
+    from quantdiff.quant.checkpoint import load, load_quantized
+    from quantdiff.eval.sweep import run_sweep
+
+    cells = []
+    for name, load_model in (("source", lambda: load(source)), ("quantized", lambda: load_quantized(out))):
+        model = load_model()
+        cells.extend(run_sweep({name: (model, tokenizer)}, task, [], limit))
+        del model
+    report(cells, task, None, quiet=True)

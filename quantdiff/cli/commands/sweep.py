@@ -1,0 +1,99 @@
+"""`quantdiff sweep` (every quantization cell, per model) and `quantdiff eval` (one cell)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+TASK_HELP = "Task: choice (HellaSwag-format multiple choice), lm (held-out loss/accuracy), retrieval (multi-needle)."
+DATA_HELP = "Task data: a HellaSwag JSONL file (choice), a text file (lm; retrieval filler). Default: the corpus' held-out text."
+
+# Options shared by both commands, so their spelling and help never drift apart.
+TaskOpt = Annotated[str, typer.Option("--task", "-t", help=TASK_HELP)]
+DataOpt = Annotated[Optional[Path], typer.Option("--data", help=DATA_HELP)]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Evaluate only the first N items (windows, documents).")]
+ContextOpt = Annotated[Optional[int], typer.Option("--context", help="Tokens per document (retrieval) or window (lm).")]
+NeedlesOpt = Annotated[Optional[int], typer.Option("--needles", help="Needles per retrieval document.")]
+DepthOpt = Annotated[Optional[float], typer.Option("--depth", help="Depth in [0, 1] of every needle (0 = start of the filler, 1 = its end); default: random per needle.")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed of the generated data (cloze set, needle documents); default 0.")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 … (default: CUDA if available).")]
+JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the cells as JSON (an object with a list `cells`).")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; print only the result.")]
+
+
+def sweep(
+    models: Annotated[list[str], typer.Argument(help="Model directories or zoo names ('tiny' = the shipped standard and Diff pair).")],
+    task: TaskOpt = "choice",
+    bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
+    method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",
+    site: Annotated[str, typer.Option("--site", help="Comma-separated: logits, qk, linear. Unsupported (method, site) pairs are skipped with a note.")] = "logits",
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the Figure-8-style chart (PNG, PDF or SVG).")] = None,
+    json_path: JsonOpt = None,
+    data: DataOpt = None,
+    limit: LimitOpt = None,
+    context: ContextOpt = None,
+    needles: NeedlesOpt = None,
+    depth: DepthOpt = None,
+    seed: SeedOpt = None,
+    batch_size: BatchOpt = 8,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Accuracy under quantization: the unquantized reference plus every (method, bits, site) cell, per model."""
+    from quantdiff.eval.sweep import parse_bits, plan_sweep, split_names
+    from rich.console import Console
+
+    from quantdiff.jobs.evaluate import check_device, check_output, make_cli_task, report, resolve_models, run_models
+
+    plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"))
+    the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
+    specs = resolve_models(models)
+    for path, suffixes in ((json_path, None), (plot, (".png", ".pdf", ".svg"))):
+        check_output(path, suffixes)
+    target = check_device(device)
+    notes = Console(stderr=True, highlight=False, soft_wrap=True)
+    for line in plan.skipped:
+        notes.print(f"[yellow]skipped {line}[/yellow]")
+    cells = run_models(specs, the_task, plan.configs, limit, target, quiet)
+    report(cells, the_task, json_path, quiet)
+    if plot is not None:
+        from quantdiff.eval.sweep import plot_sweep
+
+        plot_sweep(cells, plot, the_task.metrics[0])
+        if not quiet:
+            notes.print(f"plot -> {plot}")
+
+
+def evaluate(
+    model: Annotated[str, typer.Argument(help="A model directory or zoo name.")],
+    task: TaskOpt = "choice",
+    bits: Annotated[Optional[int], typer.Option("--bits", help="Quantize to this many bits (2–16); omit for the unquantized model.")] = None,
+    method: Annotated[Optional[str], typer.Option("--method", help="absmax (default) or llm-int8; needs --bits.")] = None,
+    site: Annotated[Optional[str], typer.Option("--site", help="logits (default), qk or linear; needs --bits.")] = None,
+    json_path: JsonOpt = None,
+    data: DataOpt = None,
+    limit: LimitOpt = None,
+    context: ContextOpt = None,
+    needles: NeedlesOpt = None,
+    depth: DepthOpt = None,
+    seed: SeedOpt = None,
+    batch_size: BatchOpt = 8,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
+    from quantdiff.core.errors import ConfigError
+    from quantdiff.jobs.evaluate import check_output, make_cli_task, report, resolve_models, run_models
+    from quantdiff.quant.sites import parse_config
+
+    if bits is None and (method is not None or site is not None):
+        raise ConfigError("--method and --site choose how to quantize: give --bits too")
+    configs = [] if bits is None else [parse_config(method or "absmax", bits, site or "logits")]
+    the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
+    specs = resolve_models([model])
+    check_output(json_path, None)
+    cells = run_models(specs, the_task, configs, limit, device, quiet, include_reference=bits is None)
+    report(cells, the_task, json_path, quiet)

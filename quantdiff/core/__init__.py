@@ -1,0 +1,1 @@
+"""Small shared pieces every layer may use: the error family and atomic file writes."""

@@ -1,0 +1,36 @@
+"""Device resolution, one rule for every job: an explicit name is checked, none means CUDA when present."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from quantdiff.core.errors import ConfigError
+
+AUTO = ("auto", "")
+
+
+def resolve_device(name: str | torch.device | None = None, parameter: str = "device") -> torch.device:
+    """`name` as a torch.device; None/"auto": CUDA (this rank's GPU under torchrun) when available, else CPU.
+
+    ConfigError naming `parameter` for an unknown name or a CUDA device on a machine without one.
+    """
+    if name is None or (isinstance(name, str) and name.strip().lower() in AUTO):
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"{parameter}: unknown device {str(name)!r} (e.g. cpu, cuda, cuda:1, auto)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{parameter}: {str(name)!r} requested but CUDA is not available on this machine")
+        if device.index is None and "LOCAL_RANK" in os.environ:
+            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"{parameter}: {str(name)!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif device.type not in ("cpu", "mps", "xpu"):
+        raise ConfigError(f"{parameter}: unsupported device type {device.type!r} (use cpu or cuda)")
+    return device

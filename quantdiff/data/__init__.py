@@ -1,0 +1,1 @@
+"""Data: the corpus, data sources for statistics, needle documents and the cloze set."""

@@ -1,0 +1,222 @@
+"""Data sources → token sequences → padded batches, for passes that only observe a model.
+
+A source is one of:
+- a UTF-8 text file: its tokens, cut into consecutive windows of `seq_len`;
+- a JSONL file whose records hold `text` (each record tokenized on its own, cut into windows of `seq_len`)
+  or `input_ids` (each record used as-is as one sequence: exact across tokenizers);
+- `builtin:corpus` (the held-out split of the project's corpus) or `builtin:retrieval` (needle documents
+  of `seq_len` tokens built from that split).
+Sequences are taken in order until `tokens` tokens are reached; the last one is cut to fit exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from quantdiff.core.errors import DataError
+
+BUILTIN_CORPUS = "builtin:corpus"
+BUILTIN_RETRIEVAL = "builtin:retrieval"
+BUILTINS = (BUILTIN_CORPUS, BUILTIN_RETRIEVAL)
+TEXT_CHUNK_CHARS = 1 << 20  # tokenize long texts piecewise, stopping once the budget is reached
+RETRIEVAL_NEEDLES = 4
+RETRIEVAL_SEED = 0
+
+Tokenize = Callable[[str], list[int]]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Right-padded sequences; sequence `first_sequence + b` of the whole data set is row b."""
+
+    input_ids: torch.Tensor  # (B, T) int64
+    attention_mask: torch.Tensor | None  # (B, T) 1 = token, 0 = padding; None when nothing is padded
+    first_sequence: int
+
+    @property
+    def tokens(self) -> int:
+        return int(self.input_ids.numel() if self.attention_mask is None else self.attention_mask.sum())
+
+    def to(self, device: torch.device | str) -> Batch:
+        mask = None if self.attention_mask is None else self.attention_mask.to(device)
+        return Batch(self.input_ids.to(device), mask, self.first_sequence)
+
+
+def load_sequences(source: str, tokenize: Tokenize | None, tokens: int, seq_len: int, vocab_size: int) -> list[list[int]]:
+    """Token sequences of `source` (see the module docstring), at most `seq_len` long, `tokens` in total.
+
+    tokenize: text → ids (None when the source must be pre-tokenized). Raises DataError on bad input.
+    """
+    if tokens < 1:
+        raise DataError(f"--tokens must be positive, got {tokens}")
+    if seq_len < 1:
+        raise DataError(f"--seq-len must be positive, got {seq_len}")
+    if source in BUILTINS:
+        sequences = _builtin(source, _need(tokenize, source), tokens, seq_len)
+    else:
+        path = Path(source)
+        if path.suffix == ".jsonl":
+            sequences = _jsonl(path, tokenize, tokens, seq_len)
+        else:
+            sequences = _windows(_chunks(read_text(path)), _need(tokenize, source), tokens, seq_len)
+    out = _budget(sequences, tokens)
+    if not out:
+        raise DataError(f"no tokens in {source}")
+    for i, seq in enumerate(out):
+        bad = [t for t in seq if not 0 <= t < vocab_size]
+        if bad:
+            raise DataError(f"{source}: sequence {i} holds token id {bad[0]} outside the model's vocabulary (size {vocab_size})")
+    return out
+
+
+def make_batches(sequences: list[list[int]], batch_size: int, pad_id: int = 0) -> list[Batch]:
+    """Consecutive groups of `batch_size` sequences, right-padded to the longest of each group."""
+    if batch_size < 1:
+        raise DataError(f"batch_size must be positive, got {batch_size}")
+    batches = []
+    for start in range(0, len(sequences), batch_size):
+        group = sequences[start : start + batch_size]
+        width = max(len(s) for s in group)
+        ids = torch.full((len(group), width), pad_id, dtype=torch.int64)  # (B, T)
+        mask = torch.zeros(len(group), width, dtype=torch.int64)
+        for row, seq in enumerate(group):
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.int64)
+            mask[row, : len(seq)] = 1
+        batches.append(Batch(ids, None if bool(mask.all()) else mask, start))
+    return batches
+
+
+def shard(batches: list[Batch], rank: int, world: int) -> list[Batch]:
+    """Whole batches round-robin, so every batch has the same rows as in a single-process run."""
+    return batches[rank::world]
+
+
+def _need(tokenize: Tokenize | None, source: str) -> Tokenize:
+    if tokenize is None:
+        raise DataError(f"{source} holds text but the model has no tokenizer: use a JSONL file with input_ids")
+    return tokenize
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file's contents; DataError with a one-line reason if missing, unreadable or empty."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"data file not found: {path}") from None
+    except IsADirectoryError:
+        raise DataError(f"data path is a directory, not a file: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not text.strip():
+        raise DataError(f"data file is empty: {path}")
+    return text
+
+
+def text_or_held_out(path: Path | None) -> str:
+    """A task's text: the given file, or the corpus' held-out split (never trained on) when None."""
+    if path is None:
+        from quantdiff.data.corpus import held_out_text
+
+        return held_out_text()
+    return read_text(Path(path))
+
+
+def _chunks(text: str) -> list[str]:
+    """Pieces of about TEXT_CHUNK_CHARS, cut after a newline so tokens rarely straddle a cut."""
+    pieces, start = [], 0
+    while start < len(text):
+        stop = text.find("\n", start + TEXT_CHUNK_CHARS)
+        stop = len(text) if stop < 0 else stop + 1
+        pieces.append(text[start:stop])
+        start = stop
+    return pieces
+
+
+def _windows(texts, tokenize: Tokenize, tokens: int, seq_len: int, per_text: bool = False) -> list[list[int]]:
+    """Windows of seq_len over the token stream of `texts` (one stream, or one per text if per_text)."""
+    out, stream, total = [], [], 0
+    for text in texts:
+        stream.extend(tokenize(text))
+        full = len(stream) - len(stream) % seq_len
+        out.extend(stream[i : i + seq_len] for i in range(0, full, seq_len))
+        total += full
+        stream = stream[full:]
+        if per_text and stream:
+            out.append(stream)
+            total += len(stream)
+            stream = []
+        if total >= tokens:
+            return out
+    if stream:
+        out.append(stream)
+    return out
+
+
+def _jsonl(path: Path, tokenize: Tokenize | None, tokens: int, seq_len: int) -> list[list[int]]:
+    text = read_text(path)
+    records, field = [], None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path} line {number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict) or not ({"text", "input_ids"} & set(record)):
+            raise DataError(f"{path} line {number}: expected an object with a 'text' or 'input_ids' field")
+        field = field or ("input_ids" if "input_ids" in record else "text")
+        value = record.get(field)
+        if field == "text" and not isinstance(value, str):
+            raise DataError(f"{path} line {number}: 'text' must be a string")
+        if field == "input_ids":
+            if not isinstance(value, list) or not value or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+                raise DataError(f"{path} line {number}: 'input_ids' must be a non-empty list of integers")
+            if len(value) > seq_len:
+                raise DataError(f"{path} line {number}: sequence of {len(value)} tokens is longer than --seq-len {seq_len}")
+        records.append(value)
+        if field == "input_ids" and sum(map(len, records)) >= tokens:
+            break
+    if not records:
+        raise DataError(f"data file is empty: {path}")
+    if field == "input_ids":
+        return records
+    return _windows(records, _need(tokenize, str(path)), tokens, seq_len, per_text=True)
+
+
+def _builtin(source: str, tokenize: Tokenize, tokens: int, seq_len: int) -> list[list[int]]:
+    from quantdiff.data.corpus import held_out_text  # raises DataError with install instructions when the corpus is missing
+
+    text = held_out_text()
+    if source == BUILTIN_CORPUS:
+        return _windows(_chunks(text), tokenize, tokens, seq_len)
+    from quantdiff.data.needles import Filler, make_needle_example
+
+    filler = Filler(text, lambda pieces: [len(tokenize(p)) for p in pieces])
+    rng = random.Random(RETRIEVAL_SEED)
+    out, total = [], 0
+    while total < tokens:
+        depths = sorted(rng.random() for _ in range(RETRIEVAL_NEEDLES))
+        ids = tokenize(make_needle_example(rng, filler, seq_len, RETRIEVAL_NEEDLES, depths).text)[:seq_len]
+        out.append(ids)
+        total += len(ids)
+    return out
+
+
+def _budget(sequences: list[list[int]], tokens: int) -> list[list[int]]:
+    out, total = [], 0
+    for seq in sequences:
+        if total >= tokens:
+            break
+        seq = seq[: tokens - total]
+        if seq:
+            out.append(seq)
+            total += len(seq)
+    return out

@@ -1,0 +1,1 @@
+"""Evaluation: tasks, log-likelihood scoring, the quantization sweep, and the lm-evaluation-harness adapter."""

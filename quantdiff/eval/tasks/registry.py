@@ -1,0 +1,44 @@
+"""Task names → task types, and the interface every task follows.
+
+A task is prepared once per tokenizer (data built and tokenized) and then evaluated once per
+quantization cell, so a sweep never rebuilds its data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sized
+
+from torch import nn
+
+from quantdiff.core.errors import ConfigError
+from quantdiff.eval.tasks.choice import ChoiceTask
+from quantdiff.eval.tasks.lm import LMTask
+from quantdiff.eval.tasks.retrieval import RetrievalTask
+from quantdiff.eval.scoring import Progress
+
+
+class Task(Protocol):
+    name: str
+    metrics: tuple[str, ...]  # what the task reports, headline metric first (the one sweeps plot)
+
+    def prepare(self, tokenizer: Any, limit: int | None = None) -> Sized:
+        """Data for one tokenizer; `len()` is the number of progress units `evaluate` reports."""
+
+    def evaluate(self, model: nn.Module, prepared: Any, progress: Progress | None = None) -> dict[str, float]:
+        """Metrics by name; calls `progress(n)` as units finish."""
+
+
+TASKS: dict[str, type] = {"lm": LMTask, "choice": ChoiceTask, "retrieval": RetrievalTask}
+
+
+def make_task(name: str, **options: Any) -> Task:
+    """A task by name; options are its dataclass fields (e.g. `path`, `context_tokens`). None = default."""
+    if name not in TASKS:
+        raise ConfigError(f"unknown task {name!r} (choose from {', '.join(TASKS)})")
+    cls = TASKS[name]
+    known = {f.name for f in dataclasses.fields(cls)} - {"name", "metrics"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"task {name!r} has no option(s) {', '.join(unknown)}")
+    return cls(**{key: value for key, value in options.items() if value is not None})

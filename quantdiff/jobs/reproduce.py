@@ -1,0 +1,126 @@
+"""`quantdiff reproduce`: the whole analysis of one matched pair, written to a report directory.
+
+A pair is the shipped one ("tiny"), or the one a recipe trains into runs/<recipe>/ (trained first if missing).
+The statistics and the accuracy sweep run on the same held-out corpus text; the report directory holds
+report.md, stats.json, sweep.json and the PNG plots, and appears only once everything in it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantdiff.core.errors import ConfigError
+from quantdiff.models.pairs import KINDS
+from quantdiff.train.recipe import Recipe, load_recipe
+from quantdiff.core.savedir import atomic_dir, check_target
+
+RUNS = Path("runs")
+
+
+@dataclass(frozen=True)
+class ReproduceOptions:
+    target: str = "tiny"  # a built-in pair name, or a recipe name/path
+    out: Path = Path("report")
+    stats_tokens: int | None = None  # None: the recipe's [analysis] stats_tokens
+    items: int | None = None  # None: the recipe's task sizes; else a cap on items per task (quick runs, tests)
+    tasks: tuple[str, ...] = ("lm", "choice", "retrieval")
+    device: str | None = None
+    force: bool = False
+
+
+def find_pair(target: str, console) -> tuple[Recipe, dict[str, Path]]:
+    """The recipe and {kind: model dir}: a built-in pair as shipped, or a recipe's pair (trained if missing)."""
+    from quantdiff.train.loop import pair_exists, train_pair
+    from quantdiff.models.names import BUILT_IN, resolve
+
+    if target in BUILT_IN:
+        dirs = resolve(target)
+        return load_recipe(dirs[0] / "recipe.toml"), dict(zip(KINDS, dirs))
+    recipe = load_recipe(target)
+    out = RUNS / recipe.name
+    if not pair_exists(out):
+        console.print(f"no trained pair in {out}: training it with recipe {recipe.name!r}")
+        train_pair(recipe, out, console=console)
+    return recipe, {kind: out / kind for kind in KINDS}
+
+
+def _tasks(recipe: Recipe, options: ReproduceOptions) -> list:
+    from quantdiff.eval.tasks.registry import make_task
+
+    cap = options.items
+    sizes = recipe.tasks
+    made = {
+        "choice": lambda: make_task("choice", cloze_items=min(sizes.choice_items, cap or sizes.choice_items)),
+        "lm": lambda: make_task("lm", tokens=min(sizes.lm_tokens, (cap or sizes.lm_tokens) * recipe.analysis.seq_len),
+                                context=recipe.analysis.seq_len),
+        "retrieval": lambda: make_task(
+            "retrieval", context_tokens=sizes.retrieval_contexts[0], n_needles=sizes.retrieval_needles[-1],
+            examples=min(sizes.retrieval_examples, cap or sizes.retrieval_examples)),
+    }
+    unknown = [t for t in options.tasks if t not in made]
+    if unknown:
+        raise ConfigError(f"unknown task(s) {', '.join(unknown)} (choose from {', '.join(made)})")
+    return [made[name]() for name in options.tasks]
+
+
+def reproduce(options: ReproduceOptions, console) -> Path:
+    """Run stats and the sweep on the pair and write the report directory; returns the path of report.md."""
+    from quantdiff.jobs.evaluate import run_models
+    from quantdiff.report.markdown import write_report_markdown
+    from quantdiff.jobs.stats import StatsOptions
+    from quantdiff.jobs.stats import run as run_stats
+    from quantdiff.eval.sweep import Cell, cells_to_json, plan_sweep, plot_sweep
+
+    replace = options.force or (options.out / "report.md").is_file()  # an earlier report is ours to replace
+    check_target(options.out, replace)  # before any training or loading
+    recipe, dirs = find_pair(options.target, console)
+    analysis = recipe.analysis
+    tasks = _tasks(recipe, options)
+    methods = [m.replace("_", "-") for m in analysis.methods]
+    plan = plan_sweep(methods, analysis.bits, analysis.sites)
+    # Weight/input (linear) quantization is swept on lm only: it is the cheap per-token metric, and the paper's
+    # question for the other tasks is attention quantization (logits, qk).
+    attention_sites = [s for s in analysis.sites if s != "linear"] or analysis.sites
+    attention_plan = plan_sweep(methods, analysis.bits, attention_sites)
+    specs = list(dirs.items())  # models are named by kind in every table and JSON of the report
+    started = time.perf_counter()
+    with atomic_dir(options.out, force=replace) as tmp:
+        console.print(f"statistics over {options.stats_tokens or analysis.stats_tokens:,} held-out tokens per model")
+        stats_doc = run_stats(
+            StatsOptions(
+                models=tuple(str(p) for _, p in specs),
+                data="builtin:corpus",
+                tokens=options.stats_tokens or analysis.stats_tokens,
+                seq_len=analysis.seq_len,
+                device=options.device,
+                json_path=tmp / "stats.json",
+                plot_dir=tmp,
+            ),
+            quiet=True,
+        )
+        cells: list[Cell] = []
+        for task in tasks:
+            configs = plan.configs if task.name == "lm" else attention_plan.configs
+            console.print(f"sweep: task {task.name}, {len(configs) + 1} cells per model")
+            task_cells = run_models(specs, task, configs, None, options.device, quiet=False)
+            plot_sweep(task_cells, tmp / f"sweep_{task.name}.png", task.metrics[0])
+            cells += task_cells
+        sweep_doc = cells_to_json(cells)
+        (tmp / "sweep.json").write_text(json.dumps(sweep_doc, indent=2) + "\n")
+        kinds = {entry["name"]: entry["kind"] for entry in stats_doc["models"]}
+        context = {
+            "pair": f"{options.target} ({', '.join(str(p) for _, p in specs)})",
+            "recipe": f"{recipe.name}: {recipe.model.hidden_size} wide, {recipe.model.num_layers} layers, "
+            f"{recipe.model.num_heads} heads (Diff: {recipe.model.num_heads // 2} differential heads), "
+            f"{recipe.train.tokens:,} training tokens per model",
+            "statistics data": f"{stats_doc['data']['tokens']:,} held-out corpus tokens per model, sequences of {analysis.seq_len}",
+            "quantization": f"methods {', '.join(analysis.methods)}; bits {', '.join(map(str, analysis.bits))}; "
+            f"sites {', '.join(analysis.sites)} (linear on task lm only); skipped: {'; '.join(plan.skipped) or 'none'}",
+            "tasks": ", ".join(f"{t.name}" for t in tasks),
+            "run time": f"{time.perf_counter() - started:.0f} s",
+        }
+        write_report_markdown(tmp / "report.md", stats_doc, sweep_doc, kinds, context)
+    return options.out / "report.md"

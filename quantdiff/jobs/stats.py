@@ -1,0 +1,173 @@
+"""`quantdiff stats` as a job: validate every input, collect every model (sharded under torchrun), report.
+
+Everything that can fail on bad input (options, model directories, tokenizers, data, output paths) is checked
+by `plan` before any model runs; outputs are written atomically by rank 0 only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import quantdiff.attention.backend as attention
+from quantdiff.data.sources import BUILTIN_CORPUS, BUILTINS, Batch, shard
+from quantdiff.core.errors import ConfigError, DataError
+from quantdiff.stats.collect import DEFAULT_K, collect_stats, device_for_rank, distributed_rank_world, gather_to_rank0
+
+
+@dataclass(frozen=True)
+class StatsOptions:
+    """What `quantdiff stats` was asked for; validated as a whole by `prepare_run` before any model loads."""
+
+    models: tuple[str, ...]
+    data: str = BUILTIN_CORPUS
+    tokens: int = 65536
+    seq_len: int | None = None  # None: min(DEFAULT_SEQ_LEN, the model's positions)
+    batch_size: int = 4
+    k: int = DEFAULT_K
+    tile_size: int | None = attention.DEFAULT_TILE_SIZE
+    device: str | None = None
+    json_path: Path | None = None
+    plot_dir: Path | None = None
+    compile: bool | None = None  # None: on CUDA only
+
+
+DEFAULT_SEQ_LEN = 1024
+
+
+@dataclass
+class PlannedModel:
+    name: str
+    path: Path
+    batches: list[Batch]
+
+
+def plan(options: StatsOptions) -> list[PlannedModel]:
+    """Resolve models, read their configs and tokenizers and the data, check outputs: every error before any run."""
+    from quantdiff.data.sources import load_sequences, make_batches
+    from quantdiff.models.loading import load_config, load_tokenizer
+    from quantdiff.jobs.evaluate import resolve_models
+
+    for flag, value in (("--tokens", options.tokens), ("--batch-size", options.batch_size), ("--top-k", options.k), ("--seq-len", options.seq_len)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be positive, got {value}")
+    if options.data not in BUILTINS and not Path(options.data).is_file():
+        raise DataError(f"data file not found: {options.data}" if not Path(options.data).exists() else f"data path is not a file: {options.data}")
+    if options.tile_size is not None and options.tile_size < 1:
+        raise ConfigError(f"--tile-size must be positive (0 = no tiling), got {options.tile_size}")
+    if options.json_path is not None and options.json_path.is_dir():
+        raise ConfigError(f"--json path is a directory: {options.json_path}")
+    if options.plot_dir is not None and options.plot_dir.exists() and not options.plot_dir.is_dir():
+        raise ConfigError(f"--plot path exists and is not a directory: {options.plot_dir}")
+    named = resolve_models(options.models)  # the same model names as `quantdiff sweep` gives
+    planned = []
+    for name, path in named:
+        config = load_config(path)
+        positions = getattr(config, "max_position_embeddings", None) or DEFAULT_SEQ_LEN
+        seq_len = options.seq_len or min(DEFAULT_SEQ_LEN, positions)
+        if seq_len > positions:
+            raise DataError(f"--seq-len {seq_len} exceeds the {positions} positions of {path}")
+        tokenize = None
+        if not _pretokenized(options.data):
+            tokenizer = load_tokenizer(path)
+            tokenize = lambda text, tok=tokenizer: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        sequences = load_sequences(options.data, tokenize, options.tokens, seq_len, config.vocab_size)
+        pad = getattr(config, "pad_token_id", None) or 0
+        planned.append(PlannedModel(name, path, make_batches(sequences, options.batch_size, pad)))
+    return planned
+
+
+def _pretokenized(source: str) -> bool:
+    """A JSONL file whose first record carries input_ids needs no tokenizer."""
+    path = Path(source)
+    if path.suffix != ".jsonl" or not path.is_file():
+        return False
+    try:
+        with path.open(encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
+        return "input_ids" in json.loads(first)
+    except (ValueError, OSError, TypeError):
+        return False  # load_sequences reports the problem with its line number
+
+
+def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> dict | None:
+    """`quantdiff stats`: plan, collect every model (sharded under torchrun), report and write on rank 0.
+
+    Returns the JSON document on rank 0, None on other ranks.
+    """
+    from quantdiff.models.loading import load
+    from quantdiff.report.stats_report import document, model_entry, render, write_json, write_plots
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
+    rank, world = distributed_rank_world()
+    planned = plan(options)
+    device = device_for_rank(options.device)
+    named, entries = [], []
+    with _progress(quiet or rank != 0) as advance:
+        for model in planned:
+            batches = shard(model.batches, rank, world)
+            advance.start(model.name, sum(b.tokens for b in batches))
+            loaded = load(model.path, device=device, tile_size=options.tile_size)
+            stats = gather_to_rank0(collect_stats(loaded, batches, options.k, advance, options.compile), rank, world)
+            del loaded
+            if stats is not None:
+                named.append((model.name, stats))
+                entries.append(model_entry(model.name, str(model.path), stats))
+    if rank != 0:
+        return None
+    doc = document(entries, {
+        "source": options.data,
+        "tokens": entries[0]["tokens"],
+        "seq_len": max(b.input_ids.shape[1] for b in planned[0].batches),
+        "batch_size": options.batch_size,
+        "k": options.k,
+        "tile_size": options.tile_size,
+        "world_size": world,
+    })
+    if options.json_path is not None:
+        write_json(options.json_path, doc)
+    if options.plot_dir is not None:
+        write_plots(options.plot_dir, named)
+    if not quiet:
+        from rich.console import Console
+
+        render(doc, Console(width=None if sys.stdout.isatty() else 120), per_layer)  # pipes get full rows, not 80 columns
+    return doc
+
+
+class _Advance:
+    """progress(tokens) callback driving one rich task per model; a no-op when quiet."""
+
+    def __init__(self, progress) -> None:
+        self.progress, self.task = progress, None
+
+    def start(self, name: str, total: int) -> None:
+        if self.progress is not None:
+            self.task = self.progress.add_task(name, total=total)
+
+    def __call__(self, tokens: int) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.task, tokens)
+
+
+@contextmanager
+def _progress(quiet: bool) -> Iterator[_Advance]:
+    if quiet:
+        yield _Advance(None)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    class TokensPerSecond(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(f"{task.speed:,.0f} tok/s" if task.speed else "– tok/s")
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TokensPerSecond(), TimeElapsedColumn())
+    with Progress(*columns, transient=False) as progress:
+        yield _Advance(progress)

@@ -1,0 +1,1 @@
+"""Models: loading local checkpoints, names (built-in pair, directories), structure, matched pairs, tokenizer."""

@@ -1,0 +1,107 @@
+"""Matched standard/differential model pairs built from one size preset.
+
+transformers' DiffLlama with the *same* config as a Llama has the same parameter count plus the four
+λ vectors per layer: its `num_attention_heads = H` projections are paired (head i with head i + H/2)
+into H/2 differential heads whose value width is doubled — exactly the paper's "half the heads" rule.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from quantdiff.core.errors import ConfigError
+
+KINDS = ("standard", "diff")
+
+
+@dataclass(frozen=True)
+class SizePreset:
+    """One size for both kinds. `num_heads` counts the baseline's heads; Diff gets num_heads / 2 pairs."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int | None = None  # None = num_heads (no grouped-query attention)
+    intermediate_size: int | None = None  # None = SwiGLU's usual 8/3 · hidden, rounded up to 32
+    vocab_size: int = 512
+    max_position_embeddings: int = 512
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+
+    def validate(self) -> None:
+        kv = self.num_kv_heads or self.num_heads
+        if self.hidden_size <= 0 or self.num_layers <= 0 or self.num_heads <= 0 or self.vocab_size <= 0:
+            raise ConfigError("model sizes must be positive")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(f"num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}")
+        if self.num_heads % 2:
+            raise ConfigError(f"num_heads={self.num_heads} is odd: Diff pairs heads, so it must be even")
+        if self.num_heads % kv:
+            raise ConfigError(f"num_kv_heads={kv} does not divide num_heads={self.num_heads}")
+        if kv % 2:
+            raise ConfigError(f"num_kv_heads={kv} is odd: DiffLlama splits V across KV heads, so it must be even")
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ConfigError("head dimension must be even for rotary embeddings")
+
+    @property
+    def intermediate(self) -> int:
+        if self.intermediate_size:
+            return self.intermediate_size
+        return -(-(8 * self.hidden_size // 3) // 32) * 32
+
+
+def _common_kwargs(preset: SizePreset) -> dict:
+    return dict(
+        hidden_size=preset.hidden_size,
+        num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads,
+        num_key_value_heads=preset.num_kv_heads or preset.num_heads,
+        intermediate_size=preset.intermediate,
+        vocab_size=preset.vocab_size,
+        max_position_embeddings=preset.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": preset.rope_theta},
+        tie_word_embeddings=preset.tie_word_embeddings,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        rms_norm_eps=1e-5,
+    )
+
+
+def pair_configs(preset: SizePreset) -> dict[str, LlamaConfig | DiffLlamaConfig]:
+    """{'standard': LlamaConfig, 'diff': DiffLlamaConfig} with identical sizes."""
+    preset.validate()
+    kwargs = _common_kwargs(preset)
+    return {"standard": LlamaConfig(**kwargs), "diff": DiffLlamaConfig(lambda_std_dev=0.1, **kwargs)}
+
+
+def build_model(config: LlamaConfig | DiffLlamaConfig, seed: int = 0, attn_implementation: str = "sdpa") -> PreTrainedModel:
+    """A freshly initialised model; `config` is deep-copied because `_from_config` mutates it."""
+    cls = DiffLlamaForCausalLM if isinstance(config, DiffLlamaConfig) else LlamaForCausalLM
+    torch.manual_seed(seed)
+    return cls._from_config(copy.deepcopy(config), attn_implementation=attn_implementation)
+
+
+def build_pair(preset: SizePreset, seed: int = 0, attn_implementation: str = "sdpa") -> dict[str, PreTrainedModel]:
+    """Both kinds, each initialised from the same seed."""
+    return {kind: build_model(cfg, seed, attn_implementation) for kind, cfg in pair_configs(preset).items()}
+
+
+def lambda_parameter_count(model: PreTrainedModel) -> int:
+    return sum(p.numel() for n, p in model.named_parameters() if n.rsplit(".", 1)[-1].startswith("lambda_"))
+
+
+def parameter_count(model: PreTrainedModel) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def preset_from_dict(data: dict) -> SizePreset:
+    known = set(SizePreset.__dataclass_fields__)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown model key(s): {', '.join(unknown)}")
+    return SizePreset(**data)

@@ -1,0 +1,126 @@
+"""Read checkpoints: quantdiff's quantized exports (weights decoded exactly) and plain ones, one `load` for both."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import nn
+
+from quantdiff.attention.backend import DEFAULT_TILE_SIZE
+from quantdiff.core.errors import LoadError
+from quantdiff.models import loading
+from quantdiff.quant.formats import WEIGHTS_NAME, LLMInt8Export, Tensors, format_from_section
+from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, apply_quantization
+
+
+
+def _module_tensors(stored: Tensors, fqn: str) -> Tensors:
+    prefix = f"{fqn}."
+    return {key.removeprefix(prefix): value for key, value in stored.items() if key.startswith(prefix)}
+
+
+def quantdiff_section(config: dict) -> dict | None:
+    """quantdiff's description of a quantized checkpoint in a config.json dict, or None."""
+    qc = config.get("quantization_config")
+    if not isinstance(qc, dict):
+        return None
+    if qc.get("quant_method") == "quantdiff":
+        return {k: v for k, v in qc.items() if k != "quant_method"}
+    return qc.get("quantdiff") if isinstance(qc.get("quantdiff"), dict) else None
+
+
+def is_quantdiff_checkpoint(path: str | Path) -> bool:
+    file = Path(path) / "config.json"
+    try:
+        return quantdiff_section(json.loads(file.read_text())) is not None
+    except (OSError, ValueError):
+        return False
+
+
+def load_quantized(
+    path: str | Path,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    tile_size: int | None = DEFAULT_TILE_SIZE,
+) -> nn.Module:
+    """A quantdiff export as a float model (weights decoded) on the quantdiff backend, in eval mode.
+
+    dtype: cast the decoded model (default: the dtype it was exported from, which keeps weights bit-exact).
+
+    An llm-int8 export also quantizes linear inputs at run time (LLM.int8 with the stored threshold); a
+    recorded attention quantization is re-applied. Their handles are in `model.quantdiff_handles`.
+    Only model.safetensors is read: pickled files beside it are never opened.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = loading.check_model_dir(path)
+    section = quantdiff_section(json.loads((path / "config.json").read_text()))
+    if section is None:
+        raise LoadError(f"{path} is not a quantdiff quantized checkpoint (no quantdiff quantization_config)")
+    fmt = format_from_section(section)
+    file = path / WEIGHTS_NAME
+    if not file.is_file():
+        raise LoadError(f"no {WEIGHTS_NAME} in {path}")
+    with safe_open(str(file), framework="pt") as f:
+        stored_section = (f.metadata() or {}).get("quantization_config")
+    if stored_section is None or json.loads(stored_section) != section:
+        raise LoadError(f"{file} does not belong to this config.json (its quantization metadata differs)")
+
+    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    del config.quantization_config  # the skeleton is a plain float model; we decode the weights ourselves
+    stored_dtype = getattr(torch, str(section.get("dtype", "float32")), None)
+    if not isinstance(stored_dtype, torch.dtype) or not stored_dtype.is_floating_point:
+        raise LoadError(f"unknown weight dtype {section.get('dtype')!r} in {path / 'config.json'}")
+    model = AutoModelForCausalLM.from_config(config, dtype=stored_dtype)
+    stored = load_file(str(file))
+    state: Tensors = {}
+    modules = dict(model.named_modules())
+    for fqn in section["modules"]:
+        module = modules.get(fqn)
+        if not isinstance(module, nn.Linear):
+            raise LoadError(f"quantized module {fqn} is not a linear layer of {type(model).__name__}")
+        encoded = _module_tensors(stored, fqn)
+        for key in encoded:
+            del stored[f"{fqn}.{key}"]
+        try:
+            state[f"{fqn}.weight"] = fmt.decode(encoded, module.weight.shape, stored_dtype)
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise LoadError(f"cannot decode {fqn} in {file}: {exc}") from None
+    state.update(stored)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    if unexpected or set(missing) - tied:
+        raise LoadError(f"{file} does not fit {type(model).__name__}: missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
+    model.tie_weights()
+    model.to(device=device or loading.default_device(), dtype=dtype)
+    loading.prepare(model, tile_size)
+
+    handles = []
+    if isinstance(fmt, LLMInt8Export):
+        chosen = set(section["modules"])
+        inputs = LinearSite(filter=lambda m, fqn: fqn in chosen, weights=False)
+        handles.append(apply_quantization(model, QuantConfig(LLMInt8Method(8, fmt.threshold), inputs)))
+    if section.get("attention") is not None:
+        handles.append(apply_quantization(model, QuantConfig.from_dict(section["attention"])))
+    model.quantdiff_handles = handles
+    return model
+
+
+def load(
+    path: str | Path,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    device_map: str | dict | None = None,
+    tile_size: int | None = DEFAULT_TILE_SIZE,
+) -> nn.Module:
+    """Any checkpoint quantdiff reads, on the quantdiff backend in eval mode: a plain model directory, or a
+    quantdiff quantized export (weights decoded, recorded quantizations re-applied)."""
+    if is_quantdiff_checkpoint(loading.check_model_dir(path)):
+        if device_map is not None:
+            raise LoadError("quantized quantdiff checkpoints load on one device (no device_map)")
+        return load_quantized(path, device=device, dtype=dtype, tile_size=tile_size)
+    return loading.load(path, device=device, dtype=dtype, device_map=device_map, tile_size=tile_size)

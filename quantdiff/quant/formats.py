@@ -1,0 +1,146 @@
+"""Quantized checkpoints on disk: write them atomically, reload them exactly.
+
+Formats are small config types, each knowing how to encode one linear weight into safetensors entries and
+decode it back:
+- `AbsmaxExport(bits)`: per-output-channel symmetric codes from `quant.absmax_quantize` (the `linear` site's
+  own quantizer), densely bit-packed (`packing`), one float32 scale per channel. Our own layout.
+- `LLMInt8Export(threshold)`: bitsandbytes' Linear8bitLt layout (int8 `weight`, float32 `SCB` = row absmax),
+  loadable by `transformers.AutoModelForCausalLM.from_pretrained(DIR)` with bitsandbytes.
+- `Bnb4bitExport(quant_type)`: bitsandbytes' Linear4bit layout (nf4 / fp4, blocks of 64), quantized by
+  bitsandbytes itself, loadable the same way.
+
+Reloaded in quantdiff (`load_quantized`), every quantized weight is decoded to the model's dtype: for absmax
+and llm-int8 bit for bit the weights of `sites.fake_quant_weight`. An llm-int8 checkpoint also gets its
+activations quantized at run time, as bitsandbytes does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quantdiff.core.errors import ConfigError, LoadError
+from quantdiff.quant.numerics import MAX_BITS, PerRow, absmax_quantize, check_bits, vectorwise_quantize
+from quantdiff.quant.packing import pack_codes, unpack_codes
+
+WEIGHTS_NAME = "model.safetensors"
+EXPORT_METHODS = ("absmax", "llm-int8", "nf4", "fp4")
+ABSMAX_EXPORT_BITS = (*range(2, 9), MAX_BITS)  # 16: a near-lossless check of the pipeline
+BNB_4BIT_BLOCKSIZE = 64  # bitsandbytes' Linear4bit default
+
+Tensors = dict[str, torch.Tensor]
+
+
+
+@dataclass(frozen=True)
+class AbsmaxExport:
+    bits: int
+
+    name = "absmax"
+
+    def __post_init__(self) -> None:
+        if check_bits(self.bits) not in ABSMAX_EXPORT_BITS:
+            raise ConfigError(f"absmax export takes bits 2–8 or 16, got {self.bits}")
+
+    def encode(self, weight: torch.Tensor) -> Tensors:
+        result = absmax_quantize(weight, self.bits, PerRow())  # the linear site's weight quantizer
+        return {"weight_packed": pack_codes(result.codes, self.bits), "weight_scale": result.scale.reshape(-1)}
+
+    def decode(self, tensors: Tensors, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        codes = unpack_codes(tensors["weight_packed"], self.bits, shape)  # (out, in)
+        return (codes.float() * tensors["weight_scale"][:, None]).to(dtype)
+
+    def describe(self) -> dict:
+        return {"method": self.name, "bits": self.bits, "granularity": "per-output-channel", "packing": "dense-lsb-first"}
+
+
+@dataclass(frozen=True)
+class LLMInt8Export:
+    threshold: float = 6.0
+
+    name = "llm-int8"
+    bits = 8
+
+    def encode(self, weight: torch.Tensor) -> Tensors:
+        result = vectorwise_quantize(weight, self.bits)  # bitsandbytes' int8_vectorwise_quant: weights have no outliers
+        return {"weight": result.codes, "SCB": result.row_absmax, "weight_format": torch.tensor(0, dtype=torch.uint8)}
+
+    def decode(self, tensors: Tensors, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        scale = tensors["SCB"][:, None] / 127  # the same float32 division as quantize_with_absmax's amax / qmax
+        return (tensors["weight"].float() * scale).to(dtype)
+
+    def describe(self) -> dict:
+        return {"method": self.name, "bits": self.bits, "granularity": "per-output-channel", "threshold": self.threshold}
+
+    def hf_config(self, skipped: list[str], dtype: torch.dtype) -> dict:
+        from transformers import BitsAndBytesConfig
+
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=self.threshold, llm_int8_skip_modules=skipped).to_dict()
+
+
+@dataclass(frozen=True)
+class Bnb4bitExport:
+    quant_type: str  # "nf4" or "fp4"
+
+    bits = 4
+
+    @property
+    def name(self) -> str:
+        return self.quant_type
+
+    def encode(self, weight: torch.Tensor) -> Tensors:
+        import bitsandbytes.functional as bnbF
+
+        # Quantized straight from the float weight and never run: bnb 0.50.2's CPU forward repacks the weight in
+        # place and would corrupt `absmax` in a later save.
+        packed, state = bnbF.quantize_4bit(
+            weight.detach().contiguous(), blocksize=BNB_4BIT_BLOCKSIZE, quant_type=self.quant_type, quant_storage=torch.uint8
+        )
+        return {"weight": packed, **{f"weight.{k}": v for k, v in state.as_dict(packed=True).items()}}
+
+    def decode(self, tensors: Tensors, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        import bitsandbytes.functional as bnbF
+
+        state = bnbF.QuantState.from_dict({k.removeprefix("weight."): v for k, v in tensors.items() if k != "weight"}, torch.device("cpu"))
+        return bnbF.dequantize_4bit(tensors["weight"], state).reshape(shape).to(dtype)
+
+    def describe(self) -> dict:
+        return {"method": self.name, "bits": self.bits, "granularity": f"blockwise-{BNB_4BIT_BLOCKSIZE}"}
+
+    def hf_config(self, skipped: list[str], dtype: torch.dtype) -> dict:
+        from transformers import BitsAndBytesConfig
+
+        return BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type=self.quant_type, bnb_4bit_compute_dtype=dtype, llm_int8_skip_modules=skipped
+        ).to_dict()
+
+
+ExportFormat = AbsmaxExport | LLMInt8Export | Bnb4bitExport
+
+
+def parse_export(method: str, bits: int | str, threshold: float = 6.0) -> ExportFormat:
+    """The CLI boundary: (method name, bits) → export format; ConfigError with a one-line message."""
+    if method not in EXPORT_METHODS:
+        raise ConfigError(f"unknown export method {method!r} (choose from {', '.join(EXPORT_METHODS)})")
+    if isinstance(bits, str):
+        if not bits.strip().isdigit():
+            raise ConfigError(f"bits must be an integer, got {bits!r}")
+        bits = int(bits)
+    if method == "absmax":
+        return AbsmaxExport(bits)
+    fmt: ExportFormat = LLMInt8Export(threshold) if method == "llm-int8" else Bnb4bitExport(method)
+    if bits != fmt.bits:
+        raise ConfigError(f"--method {method} stores {fmt.bits}-bit weights, got --bits {bits}")
+    return fmt
+
+
+def format_from_section(section: dict) -> ExportFormat:
+    method = section.get("method")
+    if method == "absmax":
+        return AbsmaxExport(section.get("bits"))
+    if method == "llm-int8":
+        return LLMInt8Export(section.get("threshold", 6.0))
+    if method in ("nf4", "fp4"):
+        return Bnb4bitExport(method)
+    raise LoadError(f"unknown quantdiff export method {method!r} in config.json")

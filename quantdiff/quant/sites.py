@@ -1,0 +1,412 @@
+"""Where a quantization acts on a model: config types, a registry of site handlers, apply/remove.
+
+A `QuantConfig` pairs a method (how to quantize a tensor) with a site (which tensors). Handlers are looked up
+by site type; nothing past the CLI boundary (`parse_config`) reads a mode string. Every handler records undo
+callables, so removing a configuration leaves the model exactly as it was (same Parameter objects, same taps).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+import quantdiff.attention.backend as attention
+from quantdiff.core.errors import ConfigError
+from quantdiff.quant.numerics import (
+    Granularity,
+    PerColumn,
+    PerRow,
+    PerTensor,
+    absmax_quantize,
+    check_bits,
+    fake_quantize_with_absmax,
+    outlier_features,
+    vectorwise_quantize,
+)
+
+ModuleFilter = Callable[[nn.Module, str], bool]
+
+
+# ---- methods: how one tensor is quantized -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AbsmaxMethod:
+    """Symmetric absmax. `granularity` applies to activations (logits, Q/K, linear inputs), per sequence:
+    PerTensor = one scale per sequence (the paper's choice for logits). Linear weights are always quantized
+    per output channel."""
+
+    bits: int
+    granularity: Granularity = PerTensor()
+
+    def __post_init__(self) -> None:
+        check_bits(self.bits)
+        if not isinstance(self.granularity, (PerTensor, PerRow, PerColumn)):
+            raise ConfigError(f"unknown granularity {self.granularity!r}")
+
+
+@dataclass(frozen=True)
+class LLMInt8Method:
+    """LLM.int8 (vector-wise absmax + exact outlier feature columns), generalised to `bits`."""
+
+    bits: int = 8
+    threshold: float = 6.0  # the LLM.int8 paper's (and bitsandbytes') outlier magnitude
+
+    def __post_init__(self) -> None:
+        check_bits(self.bits)
+        if not self.threshold > 0:
+            raise ConfigError(f"LLM.int8 threshold must be positive, got {self.threshold}")
+
+
+Method = AbsmaxMethod | LLMInt8Method
+
+
+# ---- sites: which tensors ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogitsSite:
+    """Pre-softmax attention scores (QKᵀ·scaling), causal entries only; for Diff both maps."""
+
+
+@dataclass(frozen=True)
+class QKSite:
+    """Q and K as operands of the logits matmul."""
+
+
+@dataclass(frozen=True)
+class LinearSite:
+    """Weights and inputs of nn.Linear layers. Default: floating-point nn.Linear inside decoder layers,
+    plus lm_head if `include_lm_head`; `filter (module, fqn) -> bool` replaces that choice (not serialisable).
+    `weights=True, inputs=False` is weight-only quantization, what an exported absmax checkpoint holds."""
+
+    include_lm_head: bool = False
+    filter: ModuleFilter | None = field(default=None, compare=False)
+    weights: bool = True
+    inputs: bool = True
+
+    def __post_init__(self) -> None:
+        if not (self.weights or self.inputs):
+            raise ConfigError("a linear site must quantize weights, inputs or both")
+
+
+Site = LogitsSite | QKSite | LinearSite
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    method: Method
+    site: Site
+
+    def to_dict(self) -> dict:
+        return {"method": _method_to_dict(self.method), "site": _site_to_dict(self.site)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> QuantConfig:
+        if not isinstance(data, dict) or set(data) != {"method", "site"}:
+            raise ConfigError("a quantization config needs exactly the keys 'method' and 'site'")
+        return cls(_method_from_dict(data["method"]), _site_from_dict(data["site"]))
+
+
+# ---- names: the JSON and CLI vocabulary --------------------------------------------------------------------
+
+GRANULARITY_NAMES: dict[str, Granularity] = {"tensor": PerTensor(), "row": PerRow(), "column": PerColumn()}
+METHOD_NAMES = ("absmax", "llm-int8")
+SITE_NAMES = ("logits", "qk", "linear")
+
+
+def granularity_name(granularity: Granularity) -> str:
+    return next(name for name, g in GRANULARITY_NAMES.items() if g == granularity)
+
+
+def _granularity_from_name(name: object) -> Granularity:
+    if name not in GRANULARITY_NAMES:
+        raise ConfigError(f"unknown granularity {name!r} (choose from {', '.join(GRANULARITY_NAMES)})")
+    return GRANULARITY_NAMES[name]
+
+
+def _method_to_dict(method: Method) -> dict:
+    if isinstance(method, AbsmaxMethod):
+        return {"name": "absmax", "bits": method.bits, "granularity": granularity_name(method.granularity)}
+    return {"name": "llm-int8", "bits": method.bits, "threshold": method.threshold}
+
+
+def _site_to_dict(site: Site) -> dict:
+    if isinstance(site, LinearSite):
+        if site.filter is not None:
+            raise ConfigError("a linear site with a custom module filter cannot be serialised")
+        return {"name": "linear", "include_lm_head": site.include_lm_head, "weights": site.weights, "inputs": site.inputs}
+    return {"name": "logits" if isinstance(site, LogitsSite) else "qk"}
+
+
+def _method_from_dict(data: object) -> Method:
+    if not isinstance(data, dict):
+        raise ConfigError("quantization method must be an object")
+    fields = dict(data)
+    name = fields.pop("name", None)
+    try:
+        if name == "absmax":
+            granularity = _granularity_from_name(fields.pop("granularity", "tensor"))
+            return AbsmaxMethod(granularity=granularity, **fields)
+        if name == "llm-int8":
+            return LLMInt8Method(**fields)
+    except TypeError as exc:  # unknown or missing keys
+        raise ConfigError(f"bad {name} method settings: {exc}") from None
+    raise ConfigError(f"unknown quantization method {name!r} (choose from {', '.join(METHOD_NAMES)})")
+
+
+def _site_from_dict(data: object) -> Site:
+    if not isinstance(data, dict):
+        raise ConfigError("quantization site must be an object")
+    fields = dict(data)
+    name = fields.pop("name", None)
+    sites = {"logits": LogitsSite, "qk": QKSite, "linear": LinearSite}
+    if name not in sites:
+        raise ConfigError(f"unknown quantization site {name!r} (choose from {', '.join(SITE_NAMES)})")
+    try:
+        return sites[name](**fields)
+    except TypeError as exc:
+        raise ConfigError(f"bad {name} site settings: {exc}") from None
+
+
+def parse_config(
+    method: str,
+    bits: int | str,
+    site: str,
+    granularity: str = "tensor",
+    threshold: float = 6.0,
+    include_lm_head: bool = False,
+) -> QuantConfig:
+    """The CLI boundary: names to config types. Raises ConfigError with a one-line message."""
+    if isinstance(bits, str):
+        if not bits.strip().lstrip("+-").isdigit():
+            raise ConfigError(f"bits must be an integer, got {bits!r}")
+        bits = int(bits)
+    if method == "absmax":
+        method_cfg: Method = AbsmaxMethod(bits, _granularity_from_name(granularity))
+    elif method == "llm-int8":
+        method_cfg = LLMInt8Method(bits, threshold)
+    else:
+        raise ConfigError(f"unknown quantization method {method!r} (choose from {', '.join(METHOD_NAMES)})")
+    if site == "logits":
+        site_cfg: Site = LogitsSite()
+    elif site == "qk":
+        site_cfg = QKSite()
+    elif site == "linear":
+        site_cfg = LinearSite(include_lm_head=include_lm_head)
+    else:
+        raise ConfigError(f"unknown quantization site {site!r} (choose from {', '.join(SITE_NAMES)})")
+    config = QuantConfig(method_cfg, site_cfg)
+    check_supported(config)
+    return config
+
+
+# ---- the quantizers the handlers install ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogitsQuantizer:
+    """A tap's logits quantizer: absmax over the valid logits of every key tile (the backend's pre-pass)."""
+
+    bits: int
+    per_row: bool
+    needs_absmax = True  # asks the attention backend for the absmax pre-pass
+
+    def __call__(self, logits: torch.Tensor, ctx: attention.TileContext) -> torch.Tensor:
+        amax = ctx.row_absmax if self.per_row else ctx.tensor_absmax  # (B,H,rows,1) or (B,1,1,1)
+        return fake_quantize_with_absmax(logits, amax, self.bits, mask=ctx.valid)
+
+
+@dataclass(frozen=True)
+class AbsmaxQKQuantizer:
+    method: AbsmaxMethod
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # q (B, H, T, D), k (B, Hkv, S, D); batch_dims=1 keeps one scale per sequence, never per batch.
+        bits, granularity = self.method.bits, self.method.granularity
+        return (
+            absmax_quantize(q, bits, granularity, batch_dims=1).dequant,
+            absmax_quantize(k, bits, granularity, batch_dims=1).dequant,
+        )
+
+
+@dataclass(frozen=True)
+class LLMInt8QKQuantizer:
+    """Q and K row-wise (per token and head); head-dim features where Q or K holds an outlier stay exact.
+
+    The outlier features are the union of Q's and K's within each sequence and KV-head group, so that
+    every product q·k uses the same exact features on both sides.
+    """
+
+    method: LLMInt8Method
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, h, _, d = q.shape
+        hkv = k.shape[1]
+        q_out = outlier_features(q, self.method.threshold)  # (B, H, 1, D)
+        q_out = q_out.view(b, hkv, h // hkv, 1, d).any(dim=2)  # (B, Hkv, 1, D): query heads sharing a KV head
+        kv_out = q_out | outlier_features(k, self.method.threshold)  # (B, Hkv, 1, D)
+        q_mask = attention.repeat_kv(kv_out, h // hkv)  # (B, H, 1, D)
+        bits, threshold = self.method.bits, self.method.threshold
+        return (
+            vectorwise_quantize(q, bits, threshold, outliers=q_mask).dequant,
+            vectorwise_quantize(k, bits, threshold, outliers=kv_out).dequant,
+        )
+
+
+def fake_quant_weight(weight: torch.Tensor, method: Method) -> torch.Tensor:
+    """A linear weight (out, in) quantized per output channel and dequantized, in its dtype.
+
+    Both methods give the same weights (LLM.int8 keeps no weight outliers); export writes exactly these codes.
+    """
+    return absmax_quantize(weight, method.bits, PerRow()).dequant
+
+
+def fake_quant_input(x: torch.Tensor, method: Method) -> torch.Tensor:
+    """A linear layer's input (B, T, k) or (N, k), quantized per sequence (never across the batch)."""
+    if isinstance(method, LLMInt8Method):
+        # Outlier columns per sequence: rows of one (T, k) slice; a 2-d input is one sequence.
+        return vectorwise_quantize(x, method.bits, method.threshold).dequant
+    return absmax_quantize(x, method.bits, method.granularity, batch_dims=1 if x.dim() > 2 else 0).dequant
+
+
+# ---- handlers -----------------------------------------------------------------------------------------------
+
+Undo = Callable[[], None]
+Handler = Callable[[nn.Module, QuantConfig, list[Undo]], None]  # appends its undo steps as it goes
+_HANDLERS: dict[type, Handler] = {}
+
+
+def register_site(site_type: type) -> Callable[[Handler], Handler]:
+    def decorator(fn: Handler) -> Handler:
+        _HANDLERS[site_type] = fn
+        return fn
+
+    return decorator
+
+
+def check_supported(config: QuantConfig) -> None:
+    if type(config.site) not in _HANDLERS:
+        raise ConfigError(f"no handler for quantization site {type(config.site).__name__}")
+    if isinstance(config.site, LogitsSite):
+        if isinstance(config.method, LLMInt8Method):
+            raise ConfigError("llm-int8 quantizes matmul operands: use site 'qk' or 'linear', not 'logits'")
+        if isinstance(config.method.granularity, PerColumn):
+            raise ConfigError("logits quantization is per tensor or per row, not per column")
+
+
+def _set_on_taps(model: nn.Module, name: str, value: object, undo: list[Undo]) -> None:
+    for tap in _model_taps(model):
+        if getattr(tap, name) is not None:
+            raise ConfigError(f"layer {tap.layer_idx} already has a {name.replace('_', ' ')}: remove it first")
+        setattr(tap, name, value)
+        undo.append(lambda tap=tap: setattr(tap, name, None))
+
+
+def _model_taps(model: nn.Module) -> list[attention.Tap]:
+    found = attention.taps(model)
+    backend = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if not found or backend != attention.BACKEND_NAME:
+        raise ConfigError("attention quantization needs the quantdiff attention backend: load the model with quantdiff")
+    return found
+
+
+@register_site(LogitsSite)
+def _apply_logits(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
+    quantizer = LogitsQuantizer(config.method.bits, per_row=isinstance(config.method.granularity, PerRow))
+    _set_on_taps(model, "logits_quantizer", quantizer, undo)
+
+
+@register_site(QKSite)
+def _apply_qk(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
+    if isinstance(config.method, LLMInt8Method):
+        quantizer = LLMInt8QKQuantizer(config.method)
+    else:
+        quantizer = AbsmaxQKQuantizer(config.method)
+    _set_on_taps(model, "operand_quantizer", quantizer, undo)
+
+
+def decoder_layer_prefixes(model: nn.Module) -> list[str]:
+    """Fully qualified names of the decoder layers (transformers names their class in `_no_split_modules`)."""
+    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+    return [
+        name
+        for name, module in model.named_modules()
+        if type(module).__name__ in layer_classes or type(module).__name__.endswith("DecoderLayer")
+    ]
+
+
+def linear_targets(model: nn.Module, site: LinearSite) -> list[tuple[str, nn.Linear]]:
+    """(fqn, module) of the nn.Linear layers the site quantizes, in module order."""
+    prefixes = tuple(p + "." for p in decoder_layer_prefixes(model))
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+    def default_filter(module: nn.Module, fqn: str) -> bool:
+        return fqn.startswith(prefixes) or (site.include_lm_head and module is output)
+
+    chosen = site.filter or default_filter
+    return [
+        (fqn, m)
+        for fqn, m in model.named_modules()
+        if isinstance(m, nn.Linear) and m.weight.is_floating_point() and chosen(m, fqn)
+    ]
+
+
+def _swap_weight(module: nn.Linear, method: Method) -> Undo:
+    original = module.weight
+    module.weight = nn.Parameter(fake_quant_weight(original.detach(), method), requires_grad=False)
+    return lambda: setattr(module, "weight", original)  # the very same Parameter: ties and optimizers intact
+
+
+@register_site(LinearSite)
+def _apply_linear(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
+    targets = linear_targets(model, config.site)
+    if not targets:
+        raise ConfigError("the linear site matched no nn.Linear layer")
+    for _, module in targets:
+        if config.site.weights:
+            undo.append(_swap_weight(module, config.method))
+        if config.site.inputs:
+            hook = module.register_forward_pre_hook(lambda m, args, method=config.method: (fake_quant_input(args[0], method), *args[1:]))
+            undo.append(hook.remove)
+
+
+# ---- entry points -------------------------------------------------------------------------------------------
+
+
+class QuantizationHandle:
+    """What `apply_quantization` returns: `remove()` undoes it, in reverse order, once."""
+
+    def __init__(self, undo: list[Undo]) -> None:
+        self._undo = undo
+
+    def remove(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def apply_quantization(model: nn.Module, config: QuantConfig | None) -> QuantizationHandle:
+    """Fake-quantize `model` in place as `config` says; None is the unquantized reference (a no-op)."""
+    if config is None:
+        return QuantizationHandle([])
+    check_supported(config)
+    undo: list[Undo] = []
+    try:
+        _HANDLERS[type(config.site)](model, config, undo)
+    except BaseException:
+        QuantizationHandle(undo).remove()
+        raise
+    return QuantizationHandle(undo)
+
+
+@contextmanager
+def quantized(model: nn.Module, config: QuantConfig | None) -> Iterator[nn.Module]:
+    handle = apply_quantization(model, config)
+    try:
+        yield model
+    finally:
+        handle.remove()

@@ -1,0 +1,1 @@
+"""Reporting: the paper's numbers, tables, plots and the markdown report."""

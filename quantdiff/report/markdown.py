@@ -1,0 +1,115 @@
+"""report.md for `quantdiff reproduce`: our Table 5 and Figure 8 analogues beside the paper's numbers.
+
+Built only from the JSON that `stats` and `sweep` write, so every number in the report can be checked against
+the JSON next to it (the end-to-end test parses the tables back).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import quantdiff.report.paper as paper
+
+TOPK_COLUMNS = (1, 2, 3, 10, 100)
+ACTIVATIONS = {"attention_logits": "attention logits", "hidden_states": "hidden states"}
+# The metric plotted per task (the first one a cell carries); HellaSwag-style tasks report acc_norm.
+PRIMARY_METRICS = ("acc_norm", "accuracy", "acc", "next_token_accuracy")
+
+
+def _topk_values(block: dict) -> list[float]:
+    return [float(v["value"] if isinstance(v, dict) else v) for v in block["topk"]]
+
+
+def table5_row(block: dict) -> list[float | None]:
+    """Top-1, 2, 3, 10, 100 and median of one activation block of the stats JSON (None where fewer values exist)."""
+    values = _topk_values(block)
+    return [values[k - 1] if len(values) >= k else None for k in TOPK_COLUMNS] + [float(block["median"])]
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x:.4g}" if abs(x) < 1000 else f"{x:.1f}"
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def table5_markdown(stats: dict, kinds: dict[str, str]) -> str:
+    """Rows: (source, model, activation); ours first, then the paper's 3B models."""
+    header = ["source", "model", "activation", *paper.TABLE5_COLUMNS]
+    rows = []
+    for model in stats["models"]:
+        for key, label in ACTIVATIONS.items():
+            rows.append(["ours", model["name"], label, *map(_fmt, table5_row(model[key]))])
+    for kind in ("standard", "diff"):
+        for key, label in ACTIVATIONS.items():
+            rows.append(["paper (3B)", "Transformer" if kind == "standard" else "DIFF", label, *map(_fmt, paper.TABLE5[kind][key])])
+    table = _md_table(header, rows)
+    return table + "\n\n" + _ratio_lines(stats, kinds)
+
+
+def _ratio_lines(stats: dict, kinds: dict[str, str]) -> str:
+    by_kind = {kinds.get(m["name"]): m for m in stats["models"]}
+    if "standard" not in by_kind or "diff" not in by_kind:
+        return ""
+    lines = []
+    for key, label in ACTIVATIONS.items():
+        ours = table5_row(by_kind["standard"][key])[0] / max(table5_row(by_kind["diff"][key])[0], 1e-30)
+        theirs = paper.TABLE5["standard"][key][0] / paper.TABLE5["diff"][key][0]
+        lines.append(f"- Top-1 {label}, standard ÷ diff: ours **{ours:.2f}×**, paper {theirs:.2f}×")
+    return "\n".join(lines)
+
+
+def primary_metric(cell: dict) -> str | None:
+    return next((m for m in PRIMARY_METRICS if cell.get(m) is not None), None)
+
+
+def figure8_markdown(cells: list[dict]) -> str:
+    """One table per (task, site): rows model × method, columns the reference and each bit width."""
+    out = []
+    for task, site in dict.fromkeys((c["task"], c.get("site")) for c in cells if c["bits"] is not None):
+        quantized = [c for c in cells if c["task"] == task and c.get("site") == site and c["bits"] is not None]
+        references = {c["model"]: c for c in cells if c["task"] == task and c["bits"] is None}
+        metric = primary_metric(quantized[0])
+        bits = sorted({c["bits"] for c in quantized}, reverse=True)
+        header = ["source", "model", "method", "unquantized", *[f"{b}-bit" for b in bits]]
+        rows = []
+        for model, method in dict.fromkeys((c["model"], c["method"]) for c in quantized):
+            by_bits = {c["bits"]: c.get(metric) for c in quantized if c["model"] == model and c["method"] == method}
+            ref = references.get(model, {}).get(metric)
+            rows.append(["ours", model, method, _fmt(ref), *[_fmt(by_bits.get(b)) for b in bits]])
+        out.append(f"### task `{task}`, site `{site}`, metric `{metric}` (fraction)\n\n" + _md_table(header, rows))
+    paper_rows = [
+        ["paper (3B, HellaSwag, read from plot)", "Transformer" if kind == "standard" else "DIFF", "absmax", *map(_fmt, values)]
+        for kind, values in paper.FIGURE8.items()
+    ]
+    paper_header = ["source", "model", "method", *[f"{b}-bit" + (" (unquantized)" if b == 16 else "") for b in paper.FIGURE8_BITS]]
+    out.append(
+        "### the paper's Figure 8 (zero-shot HellaSwag accuracy %, logits absmax-quantized)\n\n" + _md_table(paper_header, paper_rows)
+    )
+    return "\n\n".join(out)
+
+
+def write_report_markdown(path: Path, stats: dict, sweep: dict | None, kinds: dict[str, str], context: dict) -> None:
+    """Write report.md (atomically) from the stats and sweep JSON; `context` lists what was run on what."""
+    parts = [
+        "# quantdiff report",
+        "Rows marked **ours** were measured by this run; rows marked **paper** are the numbers of "
+        f"{paper.SOURCE}, for comparison only (3B models trained on 350B tokens — ours are far smaller).",
+        "## Setup\n\n" + "\n".join(f"- {k}: {v}" for k, v in context.items()),
+        "## Largest activation values (the paper's Table 5)\n\n" + table5_markdown(stats, kinds),
+    ]
+    if sweep is not None:
+        parts.append("## Accuracy with quantized attention (the paper's Figure 8)\n\n" + figure8_markdown(sweep["cells"]))
+    else:
+        parts.append("## Accuracy with quantized attention\n\nNot run.")
+    plots = sorted(p.name for p in path.parent.glob("*.png"))
+    if plots:
+        parts.append("## Plots\n\n" + "\n".join(f"![{name}]({name})" for name in plots))
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text("\n\n".join(parts) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,1 @@
+"""Activation statistics: mergeable exact top-k and histogram engine, collection through hooks, distributed merge."""

@@ -1,0 +1,1 @@
+"""Training matched standard/differential pairs from recipes."""

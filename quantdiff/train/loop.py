@@ -1,0 +1,396 @@
+"""Train a matched standard/differential pair: same initial seed, same batches in the same order.
+
+Both models step in lockstep on each batch, so they see identical data and are checkpointed together.
+Batches are a pure function of (seed, step): resuming needs no data-loader state, only the weights, the
+AdamW moments and the step — saved as safetensors + JSON (nothing pickled). The learning rate is a pure
+function of the step too, so an interrupted and resumed run ends with the same weights as an
+uninterrupted one (on the same device and thread count).
+
+Each batch row is either a window of the training split or, with probability `retrieval_fraction`, a
+needle document (quantdiff/tasks/retrieval_data.py) whose filler comes from the training split. The
+curriculum, over the first half of training, raises the needles per document from 1 to
+`retrieval_max_needles`, spreads them from the last 10% of the document (copy distance of a few
+tokens, which a tiny model picks up first) to anywhere in it (copy across the whole context), and
+shortens the values from `retrieval_value_words_start` words to the evaluated length. For the first
+`copy_warmup_steps` steps the needle rows are random-token copy documents instead (`copy_document`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+import quantdiff.data.corpus as corpus
+from quantdiff.core.errors import ConfigError
+from quantdiff.models.pairs import KINDS, build_pair, lambda_parameter_count, parameter_count
+from quantdiff.train.recipe import Recipe, TrainConfig
+from quantdiff.core.savedir import atomic_dir
+from quantdiff.data.needles import VALUE_LENGTH, Filler, NeedleExample, make_needle_example, vocabulary_text
+from quantdiff.models.tokenizer import save_tokenizer, train_bpe
+
+CHECKPOINT = ".checkpoint"  # inside --out; removed once the pair is saved
+# DESIGN.md: a 0.94M model learns to copy a 16-token random span repeated after 0–32 random tokens within ~500 steps.
+COPY_SPAN, COPY_GAP = 16, 32
+IGNORE = -100  # label of padding: no loss
+
+
+@dataclass
+class PairData:
+    tokenizer: PreTrainedTokenizerBase
+    train_ids: torch.Tensor  # (N,) int64, the training split as one stream
+    held_out_ids: torch.Tensor  # (M,) int64
+    filler: Filler  # training-split sentences for the needle documents
+
+
+def prepare_data(recipe: Recipe, tokenizer: PreTrainedTokenizerBase | None = None) -> PairData:
+    """Tokenize both splits (training a BPE on the training split + the needle words unless one is given)."""
+    train_text = corpus.split_text("train", recipe.data.held_out_fraction)
+    held_out_text = corpus.split_text(corpus.HELD_OUT_SPLIT, recipe.data.held_out_fraction)
+    tokenizer = tokenizer or train_bpe(train_text + vocabulary_text(), recipe.model.vocab_size)
+    encode = lambda text: torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)  # noqa: E731
+    return PairData(tokenizer, encode(train_text), encode(held_out_text), Filler.from_tokenizer(train_text, tokenizer))
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay from lr to min_lr."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def curriculum(step: int, recipe: Recipe) -> tuple[int, float, int]:
+    """(most needles per document, share of the document they spread over, words per value) at `step`.
+
+    Each moves linearly from its easy end to its final value over the first half of training."""
+    progress = min(1.0, step / max(1, recipe.train.steps // 2))
+    start = recipe.data.retrieval_value_words_start
+    return (
+        1 + int((recipe.data.retrieval_max_needles - 1) * progress),
+        0.1 + 0.9 * progress,
+        round(start + (VALUE_LENGTH - start) * progress),
+    )
+
+
+def needle_document(rng: random.Random, data: PairData, length: int, max_needles: int, spread: float, value_length: int) -> list[int]:
+    """Token ids of one training needle document (every needle queried and answered), ≤ `length` tokens."""
+    n = rng.randint(1, max_needles)
+    depths = [1.0 - spread * rng.random() for _ in range(n)]
+    example = make_needle_example(rng, data.filler, length, n, depths, n_queries=n, value_length=value_length)
+    return data.tokenizer(example.text, add_special_tokens=False)["input_ids"]
+
+
+def copy_document(rng: random.Random, tokenizer: PreTrainedTokenizerBase, length: int) -> list[int]:
+    """`length` random non-special token ids: spans of COPY_SPAN tokens, each repeated after 0–COPY_GAP others.
+
+    Only the repeats are predictable, so the loss on them can fall only by copying from the context."""
+    vocab = range(max(tokenizer.all_special_ids) + 1, len(tokenizer))
+    ids: list[int] = []
+    while len(ids) < length:
+        span = rng.choices(vocab, k=COPY_SPAN)
+        ids += span + rng.choices(vocab, k=rng.randint(0, COPY_GAP)) + span
+    return ids[:length]
+
+
+def make_batch(step: int, data: PairData, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets), each (B, T): the batch of `step`, a pure function of (seed, step)."""
+    cfg = recipe.train
+    B, T = cfg.batch_size, cfg.seq_len
+    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    is_needle = torch.rand(B, generator=generator) < recipe.data.retrieval_fraction
+    starts = torch.randint(0, len(data.train_ids) - T - 1, (B,), generator=generator)  # drawn for every row: fixed RNG use
+    rows = torch.full((B, T + 1), data.tokenizer.pad_token_id, dtype=torch.long)
+    targets_valid = torch.ones(B, T + 1, dtype=torch.bool)
+    for r in range(B):
+        if is_needle[r]:
+            rng = random.Random(f"{cfg.seed}/{step}/{r}")
+            if step < recipe.data.copy_warmup_steps:
+                ids = copy_document(rng, data.tokenizer, T + 1)
+            else:
+                ids = needle_document(rng, data, T + 1, *curriculum(step, recipe))
+            rows[r, : len(ids)] = torch.tensor(ids)
+            targets_valid[r, len(ids) :] = False
+        else:
+            rows[r] = data.train_ids[starts[r] : starts[r] + T + 1]
+    targets = rows[:, 1:].masked_fill(~targets_valid[:, 1:], IGNORE)
+    return rows[:, :-1], targets
+
+
+def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=inputs).logits  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
+
+
+def make_optimizer(model: PreTrainedModel, cfg: TrainConfig) -> tuple[torch.optim.AdamW, list[str]]:
+    """AdamW with weight decay on matrices only (not norms, not λ); also the parameter names in state order."""
+    named = list(model.named_parameters())
+    decay = [(n, p) for n, p in named if p.ndim >= 2]
+    other = [(n, p) for n, p in named if p.ndim < 2]
+    groups = [
+        {"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
+        {"params": [p for _, p in other], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8), [n for n, _ in decay + other]
+
+
+def optimizer_tensors(optimizer: torch.optim.AdamW, names: list[str]) -> dict[str, torch.Tensor]:
+    return {
+        f"optim.{names[index]}.{key}": value.detach().cpu().contiguous()
+        for index, state in optimizer.state_dict()["state"].items()
+        for key, value in state.items()
+    }
+
+
+def load_optimizer_tensors(optimizer: torch.optim.AdamW, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
+    state_dict = optimizer.state_dict()
+    for index, name in enumerate(names):
+        prefix = f"optim.{name}."
+        state = {key[len(prefix) :]: value for key, value in tensors.items() if key.startswith(prefix)}
+        if state:
+            state_dict["state"][index] = state
+    optimizer.load_state_dict(state_dict)
+
+
+@torch.no_grad()
+def held_out_loss(model: PreTrainedModel, ids: torch.Tensor, seq_len: int, max_tokens: int, device: torch.device) -> float:
+    """Mean next-token loss (nats) over non-overlapping held-out windows, at most `max_tokens` targets."""
+    windows = min((len(ids) - 1) // seq_len, max(1, max_tokens // seq_len))
+    total, count = 0.0, 0
+    for start in range(0, windows, 8):
+        batch = torch.stack([ids[w * seq_len : w * seq_len + seq_len + 1] for w in range(start, min(start + 8, windows))])
+        loss = lm_loss(model, batch[:, :-1].to(device), batch[:, 1:].to(device))
+        total += loss.item() * batch[:, 1:].numel()
+        count += batch[:, 1:].numel()
+    return total / count
+
+
+def unigram_entropy(ids: torch.Tensor) -> float:
+    """Entropy (nats) of the unigram distribution of `ids`: the loss of the best context-free predictor."""
+    counts = torch.tensor(list(Counter(ids.tolist()).values()), dtype=torch.float64)
+    p = counts / counts.sum()
+    return float(-(p * p.log()).sum())
+
+
+def retrieval_examples(data_text: str, tokenizer: PreTrainedTokenizerBase, context: int, n_needles: int, count: int, seed: int) -> list[NeedleExample]:
+    """Held-out needle documents (filler from held-out text), needles at uniform random depths."""
+    filler = Filler.from_tokenizer(data_text, tokenizer)
+    rng = random.Random(f"retrieval/{seed}/{context}/{n_needles}")
+    return [make_needle_example(rng, filler, context, n_needles, [rng.random() for _ in range(n_needles)]) for _ in range(count)]
+
+
+@torch.no_grad()
+def greedy_exact_match(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[NeedleExample], device: torch.device) -> float:
+    """Share of examples whose greedy continuation reproduces the queried value exactly."""
+    hits = 0
+    for example in examples:
+        value = " " + example.needles[example.query_index][1]
+        want = tokenizer(value, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([tokenizer(example.prompt, add_special_tokens=False)["input_ids"]], device=device)
+        for _ in want:
+            next_id = model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+            ids = torch.cat([ids, next_id], dim=1)
+        hits += ids[0, -len(want) :].tolist() == want
+    return hits / len(examples)
+
+
+class Checkpoint:
+    """OUT/.checkpoint/: tokenizer/, <kind>.safetensors (weights + AdamW moments), state.json (step, curves)."""
+
+    def __init__(self, out: Path):
+        self.dir = out / CHECKPOINT
+
+    def exists(self) -> bool:
+        return (self.dir / "state.json").is_file()
+
+    def save(self, tokenizer, models, optimizers, state: dict) -> None:
+        with atomic_dir(self.dir, force=True) as tmp:
+            save_tokenizer(tokenizer, tmp / "tokenizer")
+            for kind, model in models.items():
+                weights = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+                save_file(weights | optimizer_tensors(*optimizers[kind]), tmp / f"{kind}.safetensors")
+            (tmp / "state.json").write_text(json.dumps(state))
+
+    def load_state(self) -> dict:
+        return json.loads((self.dir / "state.json").read_text())
+
+    def load_tokenizer(self) -> PreTrainedTokenizerBase:
+        return AutoTokenizer.from_pretrained(str(self.dir / "tokenizer"), local_files_only=True)
+
+    def restore(self, models, optimizers) -> None:
+        for kind, model in models.items():
+            tensors = load_file(self.dir / f"{kind}.safetensors")
+            model.load_state_dict({k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")})
+            load_optimizer_tensors(*optimizers[kind], {k: v for k, v in tensors.items() if k.startswith("optim.")})
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class TrainingProgress:
+    """A rich progress bar showing tokens/s (both models together) and each model's latest loss."""
+
+    def __init__(self, console, total: int, completed: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[speed]:,.0f} tok/s  loss standard {task.fields[standard]:.3f} diff {task.fields[diff]:.3f}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self.task = self.progress.add_task("train", total=total, completed=completed, speed=0.0, standard=float("nan"), diff=float("nan"))
+        self.tokens, self.started = 0, time.perf_counter()
+
+    def __enter__(self) -> TrainingProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def advance(self, tokens: int, losses: dict[str, float]) -> None:
+        self.tokens += tokens
+        speed = self.tokens / (time.perf_counter() - self.started)
+        self.progress.update(self.task, advance=1, speed=speed, **losses)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"[train] device={name!r} but CUDA is not available")
+    return torch.device(name)
+
+
+def pair_exists(out: Path) -> bool:
+    return all((out / kind / "config.json").is_file() for kind in KINDS)
+
+
+def train_pair(recipe: Recipe, out: str | Path, *, force: bool = False, stop_after: int | None = None, console=None) -> dict[str, Path] | None:
+    """Train (or resume) the pair into OUT/standard and OUT/diff; returns their paths.
+
+    `stop_after=k` stops after step k with the checkpoint saved, as an interruption would (returns None).
+    """
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    out, cfg = Path(out), recipe.train
+    checkpoint = Checkpoint(out)
+    if pair_exists(out) and not checkpoint.exists() and not force:
+        raise ConfigError(f"a trained pair already exists in {out} (use --force to retrain)")
+    device = pick_device(cfg.device)
+    corpus.read_novels()  # DataError with install instructions before any work
+
+    state = checkpoint.load_state() if checkpoint.exists() and not force else None
+    if state is not None and state["recipe"] != recipe.source:
+        raise ConfigError(f"the checkpoint in {checkpoint.dir} was made by a different recipe: remove it or pass --force")
+    data = prepare_data(recipe, checkpoint.load_tokenizer() if state else None)
+    models = {kind: model.to(device).train() for kind, model in build_pair(recipe.model, cfg.seed, "sdpa").items()}
+    optimizers = {kind: make_optimizer(model, cfg) for kind, model in models.items()}
+    if state:
+        checkpoint.restore(models, optimizers)
+    else:
+        state = {"recipe": recipe.source, "step": 0, "elapsed_s": 0.0, "loss": {k: [] for k in KINDS}, "held_out": {k: [] for k in KINDS}}
+    counts = {kind: parameter_count(model) for kind, model in models.items()}
+    console.print(
+        f"parameters: standard {counts['standard']:,}  diff {counts['diff']:,}  "
+        f"(difference {counts['diff'] - counts['standard']:,} = λ parameters {lambda_parameter_count(models['diff']):,})"
+    )
+    if state["step"]:
+        console.print(f"resuming from step {state['step']} ({checkpoint.dir})")
+    console.print(f"training {cfg.steps} steps × {cfg.batch_size} × {cfg.seq_len} = {cfg.tokens:,} tokens per model on {device}")
+
+    step_models = {kind: torch.compile(model) if cfg.compile else model for kind, model in models.items()}
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16")
+    started = time.perf_counter() - state["elapsed_s"]
+    with TrainingProgress(console, cfg.steps, state["step"]) as progress:
+        for step in range(state["step"], cfg.steps):
+            inputs, targets = (t.to(device) for t in make_batch(step, data, recipe))
+            for kind, model in step_models.items():
+                optimizer, _ = optimizers[kind]
+                for group in optimizer.param_groups:
+                    group["lr"] = lr_at(step, cfg)
+                with autocast:
+                    loss = lm_loss(model, inputs, targets)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(models[kind].parameters(), cfg.grad_clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                state["loss"][kind].append(round(loss.item(), 5))
+            state["step"] = step + 1
+            if state["step"] % cfg.eval_every == 0:
+                for kind, model in models.items():
+                    model.eval()
+                    state["held_out"][kind].append([state["step"], held_out_loss(model, data.held_out_ids, cfg.seq_len, cfg.eval_batches * cfg.batch_size * cfg.seq_len, device)])
+                    model.train()
+            state["elapsed_s"] = time.perf_counter() - started
+            progress.advance(cfg.batch_size * cfg.seq_len * len(models), {k: v[-1] for k, v in state["loss"].items()})
+            stopping = stop_after is not None and state["step"] >= stop_after and state["step"] < cfg.steps
+            if state["step"] % cfg.checkpoint_every == 0 or state["step"] == cfg.steps or stopping:
+                checkpoint.save(data.tokenizer, models, optimizers, state)
+            if stopping:
+                return None
+
+    paths = finish(recipe, out, data, models, state, device, console)
+    checkpoint.remove()
+    return paths
+
+
+def finish(recipe: Recipe, out: Path, data: PairData, models: dict, state: dict, device: torch.device, console) -> dict[str, Path]:
+    """Final held-out evaluation, then each model saved as a complete HF directory with its log."""
+    cfg, tasks = recipe.train, recipe.tasks
+    held_out_text = corpus.split_text(corpus.HELD_OUT_SPLIT, recipe.data.held_out_fraction)
+    eval_ids = data.held_out_ids[: tasks.lm_tokens + 1]
+    baseline = unigram_entropy(eval_ids[1:])
+    examples = {
+        n: retrieval_examples(held_out_text, data.tokenizer, cfg.seq_len, n, tasks.retrieval_examples, cfg.seed)
+        for n in tasks.retrieval_needles
+    }
+    paths = {}
+    for kind, model in models.items():
+        model.eval()
+        loss = held_out_loss(model, eval_ids, cfg.seq_len, tasks.lm_tokens, device)
+        retrieval = {str(n): greedy_exact_match(model, data.tokenizer, ex, device) for n, ex in examples.items()}
+        log = {
+            "kind": kind,
+            "recipe": recipe.name,
+            "steps": cfg.steps,
+            "tokens": cfg.tokens,
+            "parameters": parameter_count(model),
+            "lambda_parameters": lambda_parameter_count(model),
+            "wall_time_s": round(state["elapsed_s"], 1),
+            "train_loss_curve": state["loss"][kind],  # one value per step
+            "final_train_loss": sum(state["loss"][kind][-50:]) / len(state["loss"][kind][-50:]),
+            "held_out_curve": state["held_out"][kind],  # [step, loss]
+            "held_out_loss": loss,
+            "held_out_tokens": len(eval_ids) - 1,
+            "unigram_entropy": baseline,
+            "retrieval_exact_match": retrieval,  # by needles per document, context = seq_len
+            "retrieval_examples": tasks.retrieval_examples,
+        }
+        console.print(
+            f"{kind:8s} held-out loss {loss:.3f} nats (unigram baseline {baseline:.3f}); "
+            f"train loss {log['final_train_loss']:.3f}; retrieval exact match "
+            + ", ".join(f"{n} needles {acc:.0%}" for n, acc in retrieval.items())
+        )
+        paths[kind] = out / kind
+        with atomic_dir(paths[kind], force=True) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            save_tokenizer(data.tokenizer, tmp)
+            (tmp / "recipe.toml").write_text(recipe.source)
+            (tmp / "train_log.json").write_text(json.dumps(log, indent=1))
+    return paths

@@ -1,0 +1,177 @@
+"""Recipes: one TOML file says how a matched pair is trained and analysed.
+
+Each section becomes one frozen dataclass; an unknown key is a ConfigError naming it, so a typo can never
+silently fall back to a default. `load_recipe("tiny")` finds a recipe by name in the repository's
+`recipes/` directory, or — on an installed package, which has no `recipes/` — the copy saved beside the
+shipped pair (`quantdiff/assets/<name>/standard/recipe.toml`): the recipe that trained a pair travels with it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from quantdiff.core.errors import ConfigError
+from quantdiff.models.names import ASSETS
+from quantdiff.models.pairs import SizePreset, preset_from_dict
+
+REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+CORPORA = ("janeaustenr",)
+DTYPES = ("float32", "bf16")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    corpus: str = "janeaustenr"  # see quantdiff/corpus.py
+    held_out_fraction: float = 0.1  # share of chapters (chosen by hash) never trained on
+    retrieval_fraction: float = 0.25  # share of each batch's rows that are needle documents
+    retrieval_max_needles: int = 4  # needles per document grow from 1 to this over the first half of training
+    # Words per needle value at step 0, shrinking to the evaluated 3 by mid-training: long values give many
+    # copyable tokens per document, the signal a tiny model needs before any induction head forms.
+    retrieval_value_words_start: int = 3
+    # Steps during which the needle rows are random-token copy documents instead (train.copy_document): a pure
+    # induction signal with no corpus to fall back on, so a tiny model forms copy heads before the needles.
+    copy_warmup_steps: int = 0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 16
+    seq_len: int = 256
+    lr: float = 3e-3  # peak; tiny models tolerate a high rate
+    min_lr: float = 3e-4  # cosine decay floor
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0  # initialisation, batch order and needle documents: same for both kinds
+    dtype: str = "float32"  # "bf16" = bfloat16 autocast, CUDA only (weights and optimizer stay float32)
+    device: str = "auto"  # "auto" = CUDA when present
+    compile: bool = False  # torch.compile the training step's model
+    checkpoint_every: int = 100  # steps; resume restarts from the last one
+    log_every: int = 10
+    eval_every: int = 250  # held-out loss on eval_batches batches, for the log's curve
+    eval_batches: int = 4
+
+    @property
+    def tokens(self) -> int:
+        """Token budget per model."""
+        return self.steps * self.batch_size * self.seq_len
+
+
+@dataclass(frozen=True)
+class TasksConfig:
+    lm_tokens: int = 65536  # held-out tokens for loss / next-token accuracy
+    choice_items: int = 200  # cloze multiple-choice items cut from held-out text
+    retrieval_contexts: list[int] = field(default_factory=lambda: [256])
+    retrieval_needles: list[int] = field(default_factory=lambda: [1, 2, 4])
+    retrieval_examples: int = 50  # per (context, needles) setting
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    stats_tokens: int = 16384
+    seq_len: int = 256
+    bits: list[int] = field(default_factory=lambda: [16, 8, 6, 4])
+    methods: list[str] = field(default_factory=lambda: ["absmax", "llm_int8"])
+    sites: list[str] = field(default_factory=lambda: ["logits", "qk", "linear"])
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    source: str  # the TOML text itself, saved beside the trained models
+    data: DataConfig
+    model: SizePreset
+    train: TrainConfig
+    tasks: TasksConfig
+    analysis: AnalysisConfig
+
+
+SECTIONS = {"data": DataConfig, "train": TrainConfig, "tasks": TasksConfig, "analysis": AnalysisConfig}
+
+
+def _type_ok(value: Any, default: Any) -> bool:
+    if isinstance(value, bool) or isinstance(default, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))  # TOML writes 1 for 1.0
+    return isinstance(value, type(default))
+
+
+def _section(cls: type, name: str, table: Any) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    defaults = cls()
+    for key, value in table.items():
+        if not hasattr(defaults, key):
+            raise ConfigError(f"unknown key {key!r} in [{name}] (known: {', '.join(f.name for f in fields(cls))})")
+        if not _type_ok(value, getattr(defaults, key)):
+            raise ConfigError(f"[{name}] {key} must be a {type(getattr(defaults, key)).__name__}, got {value!r}")
+    return cls(**table)
+
+
+def parse_recipe(source: str, name: str) -> Recipe:
+    """Parse and validate recipe text; ConfigError names the first problem."""
+    try:
+        doc = tomllib.loads(source)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"recipe {name}: invalid TOML: {exc}") from None
+    unknown = sorted(set(doc) - set(SECTIONS) - {"model"})
+    if unknown:
+        raise ConfigError(f"unknown section [{unknown[0]}] in recipe {name} (known: data, model, train, tasks, analysis)")
+    model_table = doc.get("model", {})
+    model = preset_from_dict(model_table)  # rejects unknown keys
+    for key, value in model_table.items():
+        default = getattr(SizePreset(), key)
+        if not _type_ok(value, 0 if default is None else default):
+            raise ConfigError(f"[model] {key} must be a number, got {value!r}")
+    model.validate()
+    sections = {key: _section(cls, key, doc.get(key, {})) for key, cls in SECTIONS.items()}
+    recipe = Recipe(name=name, source=source, model=model, **sections)
+    _check(recipe)
+    return recipe
+
+
+def _check(recipe: Recipe) -> None:
+    data, train = recipe.data, recipe.train
+    if data.corpus not in CORPORA:
+        raise ConfigError(f"unknown corpus {data.corpus!r} (known: {', '.join(CORPORA)})")
+    if data.copy_warmup_steps < 0:
+        raise ConfigError("[data] copy_warmup_steps must be at least 0")
+    if data.retrieval_value_words_start < 1 or data.retrieval_max_needles < 1:
+        raise ConfigError("[data] retrieval_value_words_start and retrieval_max_needles must be at least 1")
+    if not 0 < data.held_out_fraction < 1 or not 0 <= data.retrieval_fraction <= 1:
+        raise ConfigError("held_out_fraction must be in (0, 1) and retrieval_fraction in [0, 1]")
+    if train.dtype not in DTYPES:
+        raise ConfigError(f"[train] dtype must be one of {', '.join(DTYPES)}, got {train.dtype!r}")
+    if min(train.steps, train.batch_size, train.seq_len, train.checkpoint_every, train.log_every, train.eval_every) <= 0:
+        raise ConfigError("[train] steps, batch_size, seq_len and the *_every intervals must be positive")
+    if train.seq_len > recipe.model.max_position_embeddings:
+        raise ConfigError(f"[train] seq_len={train.seq_len} exceeds max_position_embeddings={recipe.model.max_position_embeddings}")
+    if recipe.model.vocab_size < 259:
+        raise ConfigError("vocab_size must be at least 259 (256 bytes + 3 special tokens)")
+
+
+def recipe_path(name_or_path: str | Path) -> Path:
+    """A recipe file by path, or by name from the repository's recipes/ or a shipped pair's saved copy."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (REPO_RECIPES / f"{name_or_path}.toml", ASSETS / str(name_or_path) / "standard" / "recipe.toml"):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"no recipe {str(name_or_path)!r}: not a file, and not a name in {REPO_RECIPES} or {ASSETS}")
+
+
+def load_recipe(name_or_path: str | Path) -> Recipe:
+    path = recipe_path(name_or_path)
+    name = path.parent.parent.name if path.name == "recipe.toml" else path.stem
+    return parse_recipe(path.read_text(), name)

@@ -27,7 +27,8 @@ import torch
 from quantdiff.data.sources import Batch
 from quantdiff.models.loading import prepare
 from quantdiff.models.pairs import SizePreset, build_model, pair_configs
-from quantdiff.stats.engine import QUANTILE_RELATIVE_ERROR, AbsStats
+from quantdiff.stats.absstats import AbsStats
+from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR
 from quantdiff.attention.observe import observe
 from quantdiff.stats.collect import StatsCollector, collect_stats
 

@@ -33,7 +33,7 @@ _API = {
     "QKSite": "quantdiff.quant.sites",
     "LinearSite": "quantdiff.quant.sites",
     "parse_export": "quantdiff.quant.formats",
-    "ModelStats": "quantdiff.stats.engine",
+    "ModelStats": "quantdiff.stats.model_stats",
     "QuantdiffError": "quantdiff.core.errors",
 }
 

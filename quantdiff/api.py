@@ -16,7 +16,7 @@ from quantdiff.quant import checkpoint, export
 from quantdiff.quant.formats import ExportFormat
 from quantdiff.stats.collect import DEFAULT_K
 from quantdiff.stats.collect import collect_stats as collect_batches
-from quantdiff.stats.engine import ModelStats
+from quantdiff.stats.model_stats import ModelStats
 
 
 def _one_model(model: str | Path) -> Path:

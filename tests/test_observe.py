@@ -15,7 +15,7 @@ from quantdiff.data.sources import Batch
 from quantdiff.models.loading import prepare
 from quantdiff.attention.observe import decoder_layers, observe
 from quantdiff.models.pairs import SizePreset, build_model, pair_configs
-from quantdiff.stats.engine import QUANTILE_RELATIVE_ERROR
+from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR
 from quantdiff.stats.collect import collect_stats
 
 K = 25

@@ -15,7 +15,9 @@ from quantdiff.models.loading import load, load_tokenizer
 from quantdiff.models.pairs import SizePreset, build_pair
 from quantdiff.core.savedir import save_pair
 from quantdiff.quant.sites import parse_config
-from quantdiff.eval.sweep import Cell, cells_from_json, cells_to_json, parse_bits, plan_sweep, run_sweep, sweep_table
+from quantdiff.eval.sweep import Cell, cells_from_json, cells_to_json, plan_sweep, run_sweep
+from quantdiff.quant.registry import parse_bits
+from quantdiff.report.sweep_report import sweep_table
 from quantdiff.eval.tasks.lm import LMTask
 from quantdiff.models.tokenizer import save_tokenizer, train_bpe
 
@@ -90,7 +92,7 @@ def test_16_bits_equal_the_reference_and_2_bits_differ(trained_pair):
 
 def test_table_shows_the_change_from_the_reference():
     cells = [Cell("m", "lm", None, None, None, {"accuracy": 0.5}), Cell("m", "lm", "absmax", 4, "logits", {"accuracy": 0.25})]
-    table = sweep_table(cells, ("accuracy",))
+    table = sweep_table(cells, ("accuracy",), "accuracy")
     assert [col.header for col in table.columns] == ["model", "quantization", "accuracy", "Δ accuracy"]
     assert list(table.columns[1].cells) == ["reference", "absmax 4b @logits"]
     assert list(table.columns[-1].cells) == ["", "-0.2500"]
@@ -166,7 +168,7 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(trained_pair, tmp_path, ca
 
 def test_model_names(trained_pair, tmp_path, monkeypatch):
     from quantdiff.models import names as zoo
-    from quantdiff.jobs.evaluate import resolve_models
+    from quantdiff.models.names import resolve_models
 
     pair = trained_pair / "pair"
     monkeypatch.setattr(zoo, "ASSETS", trained_pair)

@@ -7,7 +7,6 @@ report.md, stats.json, sweep.json and the PNG plots, and appears only once every
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,17 +68,20 @@ def _tasks(recipe: Recipe, options: ReproduceOptions) -> list:
 def reproduce(options: ReproduceOptions, console) -> Path:
     """Run stats and the sweep on the pair and write the report directory; returns the path of report.md."""
     from quantdiff.jobs.evaluate import run_models
+    from quantdiff.quant.registry import method_name
     from quantdiff.report.markdown import write_report_markdown
     from quantdiff.jobs.stats import StatsOptions
     from quantdiff.jobs.stats import run as run_stats
-    from quantdiff.eval.sweep import Cell, cells_to_json, plan_sweep, plot_sweep
+    from quantdiff.core.atomic import write_json
+    from quantdiff.eval.sweep import Cell, cells_to_json, plan_sweep
+    from quantdiff.report.sweep_report import plot_sweep
 
     replace = options.force or (options.out / "report.md").is_file()  # an earlier report is ours to replace
     check_target(options.out, replace)  # before any training or loading
     recipe, dirs = find_pair(options.target, console)
     analysis = recipe.analysis
     tasks = _tasks(recipe, options)
-    methods = [m.replace("_", "-") for m in analysis.methods]
+    methods = [method_name(m) for m in analysis.methods]  # recipes may write llm_int8
     plan = plan_sweep(methods, analysis.bits, analysis.sites)
     # Weight/input (linear) quantization is swept on lm only: it is the cheap per-token metric, and the paper's
     # question for the other tasks is attention quantization (logits, qk).
@@ -106,10 +108,10 @@ def reproduce(options: ReproduceOptions, console) -> Path:
             configs = plan.configs if task.name == "lm" else attention_plan.configs
             console.print(f"sweep: task {task.name}, {len(configs) + 1} cells per model")
             task_cells = run_models(specs, task, configs, None, options.device, quiet=False)
-            plot_sweep(task_cells, tmp / f"sweep_{task.name}.png", task.metrics[0])
+            plot_sweep(task_cells, tmp / f"sweep_{task.name}.png", task.headline)
             cells += task_cells
         sweep_doc = cells_to_json(cells)
-        (tmp / "sweep.json").write_text(json.dumps(sweep_doc, indent=2) + "\n")
+        write_json(tmp / "sweep.json", sweep_doc, indent=2)
         kinds = {entry["name"]: entry["kind"] for entry in stats_doc["models"]}
         context = {
             "pair": f"{options.target} ({', '.join(str(p) for _, p in specs)})",

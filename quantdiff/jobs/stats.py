@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import quantdiff.attention.backend as attention
 from quantdiff.data.sources import BUILTIN_CORPUS, BUILTINS, Batch, shard
 from quantdiff.core.errors import ConfigError, DataError
-from quantdiff.stats.collect import DEFAULT_K, collect_stats, device_for_rank, distributed_rank_world, gather_to_rank0
+from quantdiff.core.device import resolve_device
+from quantdiff.core.progress import rate_column, task_bars
+from quantdiff.stats.collect import DEFAULT_K, collect_stats
+from quantdiff.stats.distributed import distributed_rank_world, gather_to_rank0
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
     """Resolve models, read their configs and tokenizers and the data, check outputs: every error before any run."""
     from quantdiff.data.sources import load_sequences, make_batches
     from quantdiff.models.loading import load_config, load_tokenizer
-    from quantdiff.jobs.evaluate import resolve_models
+    from quantdiff.models.names import resolve_models
 
     for flag, value in (("--tokens", options.tokens), ("--batch-size", options.batch_size), ("--top-k", options.k), ("--seq-len", options.seq_len)):
         if value is not None and value < 1:
@@ -99,20 +100,22 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
 
     Returns the JSON document on rank 0, None on other ranks.
     """
+    from quantdiff.core.atomic import write_json
     from quantdiff.models.loading import load
-    from quantdiff.report.stats_report import document, model_entry, render, write_json, write_plots
+    from quantdiff.report.stats_report import render, write_plots
+    from quantdiff.stats.schema import document, model_entry
 
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
     rank, world = distributed_rank_world()
     planned = plan(options)
-    device = device_for_rank(options.device)
+    device = resolve_device(options.device, "--device")
     named, entries = [], []
-    with _progress(quiet or rank != 0) as advance:
+    with task_bars(quiet or rank != 0, rate_column("tok")) as start:
         for model in planned:
             batches = shard(model.batches, rank, world)
-            advance.start(model.name, sum(b.tokens for b in batches))
+            advance = start(model.name, sum(b.tokens for b in batches)) if start is not None else None
             loaded = load(model.path, device=device, tile_size=options.tile_size)
             stats = gather_to_rank0(collect_stats(loaded, batches, options.k, advance, options.compile), rank, world)
             del loaded
@@ -139,35 +142,3 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
 
         render(doc, Console(width=None if sys.stdout.isatty() else 120), per_layer)  # pipes get full rows, not 80 columns
     return doc
-
-
-class _Advance:
-    """progress(tokens) callback driving one rich task per model; a no-op when quiet."""
-
-    def __init__(self, progress) -> None:
-        self.progress, self.task = progress, None
-
-    def start(self, name: str, total: int) -> None:
-        if self.progress is not None:
-            self.task = self.progress.add_task(name, total=total)
-
-    def __call__(self, tokens: int) -> None:
-        if self.progress is not None:
-            self.progress.advance(self.task, tokens)
-
-
-@contextmanager
-def _progress(quiet: bool) -> Iterator[_Advance]:
-    if quiet:
-        yield _Advance(None)
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
-    from rich.text import Text
-
-    class TokensPerSecond(ProgressColumn):
-        def render(self, task) -> Text:
-            return Text(f"{task.speed:,.0f} tok/s" if task.speed else "– tok/s")
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TokensPerSecond(), TimeElapsedColumn())
-    with Progress(*columns, transient=False) as progress:
-        yield _Advance(progress)

@@ -15,13 +15,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 import quantdiff.attention.backend as attention
+from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def check_model_dir(path: str | Path) -> Path:
@@ -103,7 +100,7 @@ def load(
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise LoadError(f"cannot load {path}: {str(exc).splitlines()[0]}") from None
     if device_map is None:
-        model.to(device or default_device())
+        model.to(resolve_device(device))
     return prepare(model, tile_size)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+from typing import Sequence
 
-from quantdiff.core.errors import LoadError
+from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.models.pairs import KINDS
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # the package's data: the shipped pair
@@ -25,3 +27,24 @@ def resolve(name_or_path: str | Path) -> list[Path]:
         return dirs
     built = ", ".join(f"{n}, {n}/{KINDS[0]}, {n}/{KINDS[1]}" for n in BUILT_IN)
     raise LoadError(f"{str(name_or_path)!r} is neither an existing path nor a built-in model ({built})")
+
+
+def resolve_models(specs: Sequence[str]) -> list[tuple[str, Path]]:
+    """(name, directory) for each model argument: a directory, or a built-in name ('tiny' gives two).
+
+    Names are directory names ('standard'), built-in names with their kind ('tiny/diff'), or the whole path
+    when two directories share a name.
+    """
+    from quantdiff.models.loading import check_model_dir
+
+    resolved = []
+    for spec in specs:
+        built_in = not Path(spec).exists()
+        for d in resolve(spec):
+            check_model_dir(d)
+            resolved.append((f"{spec.split('/')[0]}/{d.name}" if built_in else d.name, d))
+    counts = Counter(name for name, _ in resolved)
+    out = [(name if counts[name] == 1 else str(path), path) for name, path in resolved]
+    if len({name for name, _ in out}) != len(out):
+        raise ConfigError("the same model is named twice")
+    return out

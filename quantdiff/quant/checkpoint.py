@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from quantdiff.attention.backend import DEFAULT_TILE_SIZE
+from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
 from quantdiff.models import loading
 from quantdiff.quant.formats import WEIGHTS_NAME, LLMInt8Export, Tensors, format_from_section
@@ -96,7 +97,7 @@ def load_quantized(
     if unexpected or set(missing) - tied:
         raise LoadError(f"{file} does not fit {type(model).__name__}: missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
     model.tie_weights()
-    model.to(device=device or loading.default_device(), dtype=dtype)
+    model.to(device=resolve_device(device), dtype=dtype)
     loading.prepare(model, tile_size)
 
     handles = []

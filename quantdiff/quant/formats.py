@@ -21,16 +21,15 @@ from dataclasses import dataclass
 import torch
 
 from quantdiff.core.errors import ConfigError, LoadError
-from quantdiff.quant.numerics import MAX_BITS, PerRow, absmax_quantize, check_bits, vectorwise_quantize
+from quantdiff.quant.numerics import LLM_INT8_THRESHOLD, MAX_BITS, PerRow, absmax_quantize, check_bits, vectorwise_quantize
 from quantdiff.quant.packing import pack_codes, unpack_codes
+from quantdiff.quant.registry import EXPORT_METHODS, check_name, parse_bit_width
 
 WEIGHTS_NAME = "model.safetensors"
-EXPORT_METHODS = ("absmax", "llm-int8", "nf4", "fp4")
 ABSMAX_EXPORT_BITS = (*range(2, 9), MAX_BITS)  # 16: a near-lossless check of the pipeline
 BNB_4BIT_BLOCKSIZE = 64  # bitsandbytes' Linear4bit default
 
 Tensors = dict[str, torch.Tensor]
-
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class AbsmaxExport:
 
 @dataclass(frozen=True)
 class LLMInt8Export:
-    threshold: float = 6.0
+    threshold: float = LLM_INT8_THRESHOLD
 
     name = "llm-int8"
     bits = 8
@@ -119,14 +118,10 @@ class Bnb4bitExport:
 ExportFormat = AbsmaxExport | LLMInt8Export | Bnb4bitExport
 
 
-def parse_export(method: str, bits: int | str, threshold: float = 6.0) -> ExportFormat:
+def parse_export(method: str, bits: int | str, threshold: float = LLM_INT8_THRESHOLD) -> ExportFormat:
     """The CLI boundary: (method name, bits) → export format; ConfigError with a one-line message."""
-    if method not in EXPORT_METHODS:
-        raise ConfigError(f"unknown export method {method!r} (choose from {', '.join(EXPORT_METHODS)})")
-    if isinstance(bits, str):
-        if not bits.strip().isdigit():
-            raise ConfigError(f"bits must be an integer, got {bits!r}")
-        bits = int(bits)
+    check_name(method, EXPORT_METHODS, "export method")
+    bits = parse_bit_width(bits)
     if method == "absmax":
         return AbsmaxExport(bits)
     fmt: ExportFormat = LLMInt8Export(threshold) if method == "llm-int8" else Bnb4bitExport(method)
@@ -140,7 +135,7 @@ def format_from_section(section: dict) -> ExportFormat:
     if method == "absmax":
         return AbsmaxExport(section.get("bits"))
     if method == "llm-int8":
-        return LLMInt8Export(section.get("threshold", 6.0))
+        return LLMInt8Export(section.get("threshold", LLM_INT8_THRESHOLD))
     if method in ("nf4", "fp4"):
         return Bnb4bitExport(method)
     raise LoadError(f"unknown quantdiff export method {method!r} in config.json")

@@ -18,6 +18,8 @@ import torch
 from quantdiff.core.errors import ConfigError
 
 MIN_BITS, MAX_BITS = 2, 16
+# LLM.int8's outlier magnitude (Dettmers et al. 2022, bitsandbytes' default): |x| ≥ 6 marks an outlier feature.
+LLM_INT8_THRESHOLD = 6.0
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,7 @@ class LLMInt8Result:
         return self.a.outlier_cols
 
 
-def llm_int8_matmul(a: torch.Tensor, weight: torch.Tensor, bits: int = 8, threshold: float = 6.0) -> LLMInt8Result:
+def llm_int8_matmul(a: torch.Tensor, weight: torch.Tensor, bits: int = 8, threshold: float = LLM_INT8_THRESHOLD) -> LLMInt8Result:
     """y = a @ weightᵀ as LLM.int8 computes it; a (..., n, k), weight (m, k) (nn.Linear's and bitsandbytes' layout).
 
     Outlier columns are found over all rows of a, leading axes flattened, as bitsandbytes does; their products

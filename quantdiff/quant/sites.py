@@ -17,6 +17,7 @@ from torch import nn
 import quantdiff.attention.backend as attention
 from quantdiff.core.errors import ConfigError
 from quantdiff.quant.numerics import (
+    LLM_INT8_THRESHOLD,
     Granularity,
     PerColumn,
     PerRow,
@@ -27,6 +28,8 @@ from quantdiff.quant.numerics import (
     outlier_features,
     vectorwise_quantize,
 )
+from quantdiff.quant.registry import granularity_name, method_name, parse_bit_width, site_name
+from quantdiff.quant.registry import granularity as _granularity
 
 ModuleFilter = Callable[[nn.Module, str], bool]
 
@@ -54,7 +57,7 @@ class LLMInt8Method:
     """LLM.int8 (vector-wise absmax + exact outlier feature columns), generalised to `bits`."""
 
     bits: int = 8
-    threshold: float = 6.0  # the LLM.int8 paper's (and bitsandbytes') outlier magnitude
+    threshold: float = LLM_INT8_THRESHOLD
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
@@ -95,6 +98,7 @@ class LinearSite:
 
 
 Site = LogitsSite | QKSite | LinearSite
+SITE_TYPES: dict[str, type] = {"logits": LogitsSite, "qk": QKSite, "linear": LinearSite}  # keys: registry.SITE_NAMES
 
 
 @dataclass(frozen=True)
@@ -112,21 +116,7 @@ class QuantConfig:
         return cls(_method_from_dict(data["method"]), _site_from_dict(data["site"]))
 
 
-# ---- names: the JSON and CLI vocabulary --------------------------------------------------------------------
-
-GRANULARITY_NAMES: dict[str, Granularity] = {"tensor": PerTensor(), "row": PerRow(), "column": PerColumn()}
-METHOD_NAMES = ("absmax", "llm-int8")
-SITE_NAMES = ("logits", "qk", "linear")
-
-
-def granularity_name(granularity: Granularity) -> str:
-    return next(name for name, g in GRANULARITY_NAMES.items() if g == granularity)
-
-
-def _granularity_from_name(name: object) -> Granularity:
-    if name not in GRANULARITY_NAMES:
-        raise ConfigError(f"unknown granularity {name!r} (choose from {', '.join(GRANULARITY_NAMES)})")
-    return GRANULARITY_NAMES[name]
+# ---- the JSON form of configs (names from `registry`) ------------------------------------------------
 
 
 def _method_to_dict(method: Method) -> dict:
@@ -147,28 +137,22 @@ def _method_from_dict(data: object) -> Method:
     if not isinstance(data, dict):
         raise ConfigError("quantization method must be an object")
     fields = dict(data)
-    name = fields.pop("name", None)
+    name = method_name(fields.pop("name", None))
     try:
         if name == "absmax":
-            granularity = _granularity_from_name(fields.pop("granularity", "tensor"))
-            return AbsmaxMethod(granularity=granularity, **fields)
-        if name == "llm-int8":
-            return LLMInt8Method(**fields)
+            return AbsmaxMethod(granularity=_granularity(fields.pop("granularity", "tensor")), **fields)
+        return LLMInt8Method(**fields)
     except TypeError as exc:  # unknown or missing keys
         raise ConfigError(f"bad {name} method settings: {exc}") from None
-    raise ConfigError(f"unknown quantization method {name!r} (choose from {', '.join(METHOD_NAMES)})")
 
 
 def _site_from_dict(data: object) -> Site:
     if not isinstance(data, dict):
         raise ConfigError("quantization site must be an object")
     fields = dict(data)
-    name = fields.pop("name", None)
-    sites = {"logits": LogitsSite, "qk": QKSite, "linear": LinearSite}
-    if name not in sites:
-        raise ConfigError(f"unknown quantization site {name!r} (choose from {', '.join(SITE_NAMES)})")
+    name = site_name(fields.pop("name", None))
     try:
-        return sites[name](**fields)
+        return SITE_TYPES[name](**fields)
     except TypeError as exc:
         raise ConfigError(f"bad {name} site settings: {exc}") from None
 
@@ -178,28 +162,17 @@ def parse_config(
     bits: int | str,
     site: str,
     granularity: str = "tensor",
-    threshold: float = 6.0,
+    threshold: float = LLM_INT8_THRESHOLD,
     include_lm_head: bool = False,
 ) -> QuantConfig:
-    """The CLI boundary: names to config types. Raises ConfigError with a one-line message."""
-    if isinstance(bits, str):
-        if not bits.strip().lstrip("+-").isdigit():
-            raise ConfigError(f"bits must be an integer, got {bits!r}")
-        bits = int(bits)
-    if method == "absmax":
-        method_cfg: Method = AbsmaxMethod(bits, _granularity_from_name(granularity))
-    elif method == "llm-int8":
+    """Names to config types (the CLI's and the API's way in). Raises ConfigError with a one-line message."""
+    bits = parse_bit_width(bits)
+    if method_name(method) == "absmax":
+        method_cfg: Method = AbsmaxMethod(bits, _granularity(granularity))
+    else:
         method_cfg = LLMInt8Method(bits, threshold)
-    else:
-        raise ConfigError(f"unknown quantization method {method!r} (choose from {', '.join(METHOD_NAMES)})")
-    if site == "logits":
-        site_cfg: Site = LogitsSite()
-    elif site == "qk":
-        site_cfg = QKSite()
-    elif site == "linear":
-        site_cfg = LinearSite(include_lm_head=include_lm_head)
-    else:
-        raise ConfigError(f"unknown quantization site {site!r} (choose from {', '.join(SITE_NAMES)})")
+    site_type = SITE_TYPES[site_name(site)]
+    site_cfg: Site = site_type(include_lm_head=include_lm_head) if site_type is LinearSite else site_type()
     config = QuantConfig(method_cfg, site_cfg)
     check_supported(config)
     return config

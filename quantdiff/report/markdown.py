@@ -9,11 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import quantdiff.report.paper as paper
+from quantdiff.core.atomic import atomic_file
+from quantdiff.eval.tasks.registry import headline_metric
+from quantdiff.report.numbers import number
 
 TOPK_COLUMNS = (1, 2, 3, 10, 100)
 ACTIVATIONS = {"attention_logits": "attention logits", "hidden_states": "hidden states"}
-# The metric plotted per task (the first one a cell carries); HellaSwag-style tasks report acc_norm.
-PRIMARY_METRICS = ("acc_norm", "accuracy", "acc", "next_token_accuracy")
 
 
 def _topk_values(block: dict) -> list[float]:
@@ -24,12 +25,6 @@ def table5_row(block: dict) -> list[float | None]:
     """Top-1, 2, 3, 10, 100 and median of one activation block of the stats JSON (None where fewer values exist)."""
     values = _topk_values(block)
     return [values[k - 1] if len(values) >= k else None for k in TOPK_COLUMNS] + [float(block["median"])]
-
-
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "–"
-    return f"{x:.4g}" if abs(x) < 1000 else f"{x:.1f}"
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -44,10 +39,10 @@ def table5_markdown(stats: dict, kinds: dict[str, str]) -> str:
     rows = []
     for model in stats["models"]:
         for key, label in ACTIVATIONS.items():
-            rows.append(["ours", model["name"], label, *map(_fmt, table5_row(model[key]))])
+            rows.append(["ours", model["name"], label, *map(number, table5_row(model[key]))])
     for kind in ("standard", "diff"):
         for key, label in ACTIVATIONS.items():
-            rows.append(["paper (3B)", "Transformer" if kind == "standard" else "DIFF", label, *map(_fmt, paper.TABLE5[kind][key])])
+            rows.append(["paper (3B)", "Transformer" if kind == "standard" else "DIFF", label, *map(number, paper.TABLE5[kind][key])])
     table = _md_table(header, rows)
     return table + "\n\n" + _ratio_lines(stats, kinds)
 
@@ -64,27 +59,23 @@ def _ratio_lines(stats: dict, kinds: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def primary_metric(cell: dict) -> str | None:
-    return next((m for m in PRIMARY_METRICS if cell.get(m) is not None), None)
-
-
 def figure8_markdown(cells: list[dict]) -> str:
     """One table per (task, site): rows model × method, columns the reference and each bit width."""
     out = []
     for task, site in dict.fromkeys((c["task"], c.get("site")) for c in cells if c["bits"] is not None):
         quantized = [c for c in cells if c["task"] == task and c.get("site") == site and c["bits"] is not None]
         references = {c["model"]: c for c in cells if c["task"] == task and c["bits"] is None}
-        metric = primary_metric(quantized[0])
+        metric = headline_metric(task)
         bits = sorted({c["bits"] for c in quantized}, reverse=True)
         header = ["source", "model", "method", "unquantized", *[f"{b}-bit" for b in bits]]
         rows = []
         for model, method in dict.fromkeys((c["model"], c["method"]) for c in quantized):
             by_bits = {c["bits"]: c.get(metric) for c in quantized if c["model"] == model and c["method"] == method}
             ref = references.get(model, {}).get(metric)
-            rows.append(["ours", model, method, _fmt(ref), *[_fmt(by_bits.get(b)) for b in bits]])
+            rows.append(["ours", model, method, number(ref), *[number(by_bits.get(b)) for b in bits]])
         out.append(f"### task `{task}`, site `{site}`, metric `{metric}` (fraction)\n\n" + _md_table(header, rows))
     paper_rows = [
-        ["paper (3B, HellaSwag, read from plot)", "Transformer" if kind == "standard" else "DIFF", "absmax", *map(_fmt, values)]
+        ["paper (3B, HellaSwag, read from plot)", "Transformer" if kind == "standard" else "DIFF", "absmax", *map(number, values)]
         for kind, values in paper.FIGURE8.items()
     ]
     paper_header = ["source", "model", "method", *[f"{b}-bit" + (" (unquantized)" if b == 16 else "") for b in paper.FIGURE8_BITS]]
@@ -110,6 +101,5 @@ def write_report_markdown(path: Path, stats: dict, sweep: dict | None, kinds: di
     plots = sorted(p.name for p in path.parent.glob("*.png"))
     if plots:
         parts.append("## Plots\n\n" + "\n".join(f"![{name}]({name})" for name in plots))
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text("\n\n".join(parts) + "\n")
-    tmp.replace(path)
+    with atomic_file(path) as tmp:
+        tmp.write_text("\n\n".join(parts) + "\n", encoding="utf-8")

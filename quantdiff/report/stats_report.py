@@ -1,28 +1,8 @@
-"""Reporting for `quantdiff stats`: the JSON document, rich tables in the paper's Table 5 layout, PNG plots.
-
-JSON schema (`schema` "quantdiff.stats", `version` 1):
-
-    {"schema": "quantdiff.stats", "version": 1,
-     "quantile_relative_error": 0.0009765625,      # every quantile/median is within this of exact
-     "quantile_definition": "...",
-     "data": {"source", "tokens", "seq_len", "batch_size", "k"},
-     "models": [                                    # one entry per model, in command-line order
-       {"name", "path", "kind": "standard"|"diff", "layers", "heads", "hidden_size", "tokens", "sequences",
-        "attention_logits": BLOCK + {"per_layer": [BLOCK], "per_head": [[BLOCK]], "per_map": {"1": BLOCK, "2": BLOCK}},
-        "hidden_states": BLOCK + {"per_layer": [BLOCK], "channel_absmax": [[float]] (layer × channel),
-                                  "outlier_features": {"count", "channels", "threshold", "min_layer_fraction",
-                                                       "min_position_fraction"}}}]}
-    BLOCK = {"count", "nonfinite": {"nan", "inf"}, "max", "median", "quantiles": {"0.5": …, "0.99": …},
-             "mean", "std", "kurtosis", "topk": [{"value", "layer", "head", "sequence", "query", "key", "map"?}
-                                                 | {"value", "layer", "sequence", "position", "channel"}]}
-
-`topk` is sorted by value descending (ties: location ascending); per_head blocks keep the top 10; `per_map`
-exists for differential models only (map 1 = heads 0…H/2−1, map 2 = the rest).
-"""
+"""Reporting for `quantdiff stats`: rich tables in the paper's Table 5 layout and PNG plots (the JSON document
+itself is `stats.schema`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -30,62 +10,15 @@ from pathlib import Path
 from typing import Sequence
 
 import quantdiff.report.paper as paper
-from quantdiff.core.atomic import atomic_file
 from quantdiff.report.markdown import ACTIVATIONS, table5_row
-from quantdiff.stats.engine import QUANTILE_RELATIVE_ERROR, ModelStats, bin_midpoints
-
-SCHEMA = "quantdiff.stats"
-SCHEMA_VERSION = 1
-QUANTILE_DEFINITION = (
-    "quantile q of |x| is the value of rank floor(q*(count-1)) in ascending order (torch.quantile 'lower'), "
-    "reported as the midpoint of its log-spaced histogram bin"
-)
-
-
-def model_entry(name: str, path: str, stats: ModelStats) -> dict:
-    return {
-        "name": name,
-        "path": path,
-        "kind": "standard" if stats.head_maps is None else "diff",
-        "layers": stats.layers,
-        "heads": stats.heads,
-        "hidden_size": stats.hidden_size,
-        "tokens": stats.tokens,
-        "sequences": stats.sequences,
-        **stats.summary(),
-    }
-
-
-def document(entries: list[dict], data: dict) -> dict:
-    return {
-        "schema": SCHEMA,
-        "version": SCHEMA_VERSION,
-        "quantile_relative_error": QUANTILE_RELATIVE_ERROR,
-        "quantile_definition": QUANTILE_DEFINITION,
-        "data": data,
-        "models": entries,
-    }
-
+from quantdiff.report.numbers import number, ratio
+from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR, bin_midpoints
+from quantdiff.stats.model_stats import ModelStats
 
 def table5_values(stats: ModelStats | dict) -> dict[str, dict[str, float | None]]:
     """{activation: {"Top-1": …, "Top-2", "Top-3", "Top-10", "Top-100", "Median"}} of ModelStats or a model entry."""
     entry = stats.summary() if isinstance(stats, ModelStats) else stats
     return {key: dict(zip(paper.TABLE5_COLUMNS, table5_row(entry[key]))) for key in ACTIVATIONS}
-
-
-def write_json(path: str | Path, doc: dict) -> None:
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-
-
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "–"
-    return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.1f}"
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    return "–" if a is None or not b else f"{a / b:.2f}×"
 
 
 def render(doc: dict, console, per_layer: bool = False) -> None:
@@ -101,9 +34,9 @@ def render(doc: dict, console, per_layer: bool = False) -> None:
     for key, label in ACTIVATIONS.items():
         rows = [table5_row(m[key]) for m in models]
         for i, (model, row) in enumerate(zip(models, rows)):
-            table.add_row(label if i == 0 else "", model["name"], *map(_fmt, row))
+            table.add_row(label if i == 0 else "", model["name"], *map(number, row))
         for model, row in list(zip(models, rows))[1:]:
-            table.add_row("", f"{models[0]['name']}÷{model['name']}", *(_ratio(a, b) for a, b in zip(rows[0], row)), style="dim")
+            table.add_row("", f"{models[0]['name']}÷{model['name']}", *(ratio(a, b) for a, b in zip(rows[0], row)), style="dim")
         table.add_section()
     console.print(table)
     for model in models:
@@ -129,9 +62,9 @@ def render_per_layer(models: list[dict], key: str, label: str, console) -> None:
         blocks = [m[key]["per_layer"][layer] if layer < m["layers"] else None for m in models]
         cells = []
         for block in blocks:
-            cells += [_fmt(block and block["max"]), _fmt(block and block["median"])]
+            cells += [number(block and block["max"]), number(block and block["median"])]
         if len(models) > 1:
-            cells.append(_ratio(blocks[0] and blocks[0]["max"], blocks[1] and blocks[1]["max"]))
+            cells.append(ratio(blocks[0] and blocks[0]["max"], blocks[1] and blocks[1]["max"]))
         table.add_row(str(layer), *cells)
     console.print(table)
 

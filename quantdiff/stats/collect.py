@@ -1,14 +1,12 @@
-"""Run a model over batches and collect its ModelStats; shard and merge them under torchrun.
+"""Run a model over batches and collect its ModelStats.
 
-`collect_stats(model, batches)` is the Python API (used by `quantdiff stats` and `quantdiff reproduce`):
-hooks from `observe` feed every logits tile and every decoder layer's output into the statistics, which
-stay on the model's device. Under `torchrun` each rank takes whole batches round-robin (`data.shard`) and
-rank 0 merges the gathered statistics exactly.
+`collect_stats(model, batches)` is used by `quantdiff stats`, `quantdiff reproduce` and the public API: hooks
+from `observe` feed every logits tile and every decoder layer's output into the statistics, which stay on the
+model's device. Under torchrun each rank collects its own batches; `distributed` merges them.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Iterable
 
 import torch
@@ -18,7 +16,7 @@ import quantdiff.attention.backend as attention
 from quantdiff.attention.backend import TileContext
 from quantdiff.data.sources import Batch
 from quantdiff.attention.observe import observe
-from quantdiff.stats.engine import ModelStats
+from quantdiff.stats.model_stats import ModelStats
 
 DEFAULT_K = 100
 
@@ -100,43 +98,3 @@ def collect_stats(
             if progress is not None:
                 progress(batch.tokens)
     return collector.stats
-
-
-def distributed_rank_world() -> tuple[int, int]:
-    """(rank, world size); joins the torchrun process group (gloo) when WORLD_SIZE > 1."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")  # statistics travel as plain dicts: gloo carries them on CPU and GPU runs
-    return dist.get_rank(), dist.get_world_size()
-
-
-def gather_to_rank0(stats: ModelStats, rank: int, world: int) -> ModelStats | None:
-    """Exact merge of every rank's statistics on rank 0 (in rank order); None on other ranks."""
-    if world == 1:
-        return stats
-    import torch.distributed as dist
-
-    gathered = [None] * world if rank == 0 else None
-    dist.gather_object(stats.to_dict(), gathered, dst=0)
-    if rank != 0:
-        return None
-    merged = ModelStats.from_dict(gathered[0], stats.logits.device)
-    for part in gathered[1:]:
-        merged.merge(ModelStats.from_dict(part, stats.logits.device))
-    return merged
-
-
-def device_for_rank(requested: str | None) -> torch.device:
-    """--device, else CUDA (this rank's GPU under torchrun) when available, else CPU."""
-    if requested:
-        device = torch.device(requested)
-        if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:
-            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        return device
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")

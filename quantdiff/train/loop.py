@@ -32,7 +32,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import quantdiff.data.corpus as corpus
+from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import ConfigError
+from quantdiff.core.progress import progress_bar
 from quantdiff.models.pairs import KINDS, build_pair, lambda_parameter_count, parameter_count
 from quantdiff.train.recipe import Recipe, TrainConfig
 from quantdiff.core.savedir import atomic_dir
@@ -241,17 +243,10 @@ class TrainingProgress:
     """A rich progress bar showing tokens/s (both models together) and each model's latest loss."""
 
     def __init__(self, console, total: int, completed: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import TextColumn
 
-        self.progress = Progress(
-            TextColumn("train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[speed]:,.0f} tok/s  loss standard {task.fields[standard]:.3f} diff {task.fields[diff]:.3f}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-        )
+        losses = TextColumn("{task.fields[speed]:,.0f} tok/s  loss standard {task.fields[standard]:.3f} diff {task.fields[diff]:.3f}")
+        self.progress = progress_bar(losses, console=console, remaining=True)
         self.task = self.progress.add_task("train", total=total, completed=completed, speed=0.0, standard=float("nan"), diff=float("nan"))
         self.tokens, self.started = 0, time.perf_counter()
 
@@ -266,14 +261,6 @@ class TrainingProgress:
         self.tokens += tokens
         speed = self.tokens / (time.perf_counter() - self.started)
         self.progress.update(self.task, advance=1, speed=speed, **losses)
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"[train] device={name!r} but CUDA is not available")
-    return torch.device(name)
 
 
 def pair_exists(out: Path) -> bool:
@@ -292,7 +279,7 @@ def train_pair(recipe: Recipe, out: str | Path, *, force: bool = False, stop_aft
     checkpoint = Checkpoint(out)
     if pair_exists(out) and not checkpoint.exists() and not force:
         raise ConfigError(f"a trained pair already exists in {out} (use --force to retrain)")
-    device = pick_device(cfg.device)
+    device = resolve_device(cfg.device, "[train] device")
     corpus.read_novels()  # DataError with install instructions before any work
 
     state = checkpoint.load_state() if checkpoint.exists() and not force else None

@@ -21,6 +21,8 @@ else:  # pragma: no cover
 from quantdiff.core.errors import ConfigError
 from quantdiff.models.names import ASSETS
 from quantdiff.models.pairs import SizePreset, preset_from_dict
+from quantdiff.quant.numerics import check_bits
+from quantdiff.quant.registry import method_name, site_name
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 CORPORA = ("janeaustenr",)
@@ -158,6 +160,16 @@ def _check(recipe: Recipe) -> None:
         raise ConfigError(f"[train] seq_len={train.seq_len} exceeds max_position_embeddings={recipe.model.max_position_embeddings}")
     if recipe.model.vocab_size < 259:
         raise ConfigError("vocab_size must be at least 259 (256 bytes + 3 special tokens)")
+    analysis = recipe.analysis
+    try:  # the names and bit widths `quantdiff sweep` takes, checked by the same registry
+        for method in analysis.methods:
+            method_name(method)
+        for site in analysis.sites:
+            site_name(site)
+        for bits in analysis.bits:
+            check_bits(bits)
+    except ConfigError as exc:
+        raise ConfigError(f"[analysis] {exc}") from None
 
 
 def recipe_path(name_or_path: str | Path) -> Path:

@@ -13,7 +13,7 @@ def quantize(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory (written atomically).")],
     bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4.")] = "4",
     method: Annotated[str, typer.Option("--method", help="absmax (packed, ours), llm-int8, nf4 or fp4 (bitsandbytes layouts).")] = "absmax",
-    threshold: Annotated[float, typer.Option("--threshold", help="llm-int8 outlier threshold, applied to activations at run time.")] = 6.0,
+    threshold: Annotated[Optional[float], typer.Option("--threshold", help="llm-int8 outlier threshold, applied to activations at run time (default: the LLM.int8 paper's).")] = None,
     include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="Quantize lm_head too (default: decoder-layer linears only).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing non-empty --out.")] = False,
     attention_bits: Annotated[Optional[str], typer.Option("--attention-bits", help="Also record an attention quantization (2–16 bits); quantdiff re-applies it on load.")] = None,
@@ -27,26 +27,26 @@ def quantize(
     """Quantize the linear weights inside the decoder layers and write a complete model directory."""
     from rich.console import Console
 
+    from quantdiff.cli.task_options import check_limit, make_cli_task
     from quantdiff.core.errors import ConfigError, LoadError
-    from quantdiff.jobs.evaluate import make_cli_task
+    from quantdiff.core.savedir import check_target
+    from quantdiff.models.loading import load_tokenizer
+    from quantdiff.models.names import resolve
     from quantdiff.quant.export import export_quantized
     from quantdiff.quant.formats import parse_export
-    from quantdiff.models.loading import load_tokenizer
-    from quantdiff.core.savedir import check_target
+    from quantdiff.quant.registry import ATTENTION_SITE_NAMES
     from quantdiff.quant.sites import parse_config
-    from quantdiff.models.names import resolve
 
     # Every argument is checked before anything is loaded or written.
-    fmt = parse_export(method, bits, threshold)
+    fmt = parse_export(method, bits) if threshold is None else parse_export(method, bits, threshold)
     attention = None
     if attention_bits is not None:
-        if attention_site not in ("logits", "qk"):
-            raise ConfigError(f"--attention-site must be logits or qk, got {attention_site!r}")
+        if attention_site not in ATTENTION_SITE_NAMES:
+            raise ConfigError(f"--attention-site must be one of {', '.join(ATTENTION_SITE_NAMES)}, got {attention_site!r}")
         attention = parse_config(attention_method, attention_bits, attention_site)
     check_target(out, force)
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
-    if limit is not None and limit < 1:
-        raise ConfigError(f"--limit must be positive, got {limit}")
+    check_limit(limit)
     sources = resolve(model)
     if len(sources) != 1:
         raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
@@ -70,8 +70,8 @@ def quantize(
 def _evaluate(source: Path, out: Path, task, tokenizer, limit: int | None) -> None:
     """The task on the source model and on the export as quantdiff reloads it, one model in memory at a time."""
     from quantdiff.jobs.evaluate import report
-    from quantdiff.quant.checkpoint import load, load_quantized
     from quantdiff.eval.sweep import run_sweep
+    from quantdiff.quant.checkpoint import load, load_quantized
 
     cells = []
     for name, load_model in (("source", lambda: load(source)), ("quantized", lambda: load_quantized(out))):

@@ -43,26 +43,31 @@ def sweep(
     quiet: QuietOpt = False,
 ) -> None:
     """Accuracy under quantization: the unquantized reference plus every (method, bits, site) cell, per model."""
-    from quantdiff.eval.sweep import parse_bits, plan_sweep, split_names
     from rich.console import Console
 
-    from quantdiff.jobs.evaluate import check_device, check_output, make_cli_task, report, resolve_models, run_models
+    from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
+    from quantdiff.core.device import resolve_device
+    from quantdiff.eval.sweep import plan_sweep
+    from quantdiff.jobs.evaluate import report, run_models
+    from quantdiff.models.names import resolve_models
+    from quantdiff.quant.registry import parse_bits, split_names
 
     plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"))
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
+    check_limit(limit)
     specs = resolve_models(models)
     for path, suffixes in ((json_path, None), (plot, (".png", ".pdf", ".svg"))):
         check_output(path, suffixes)
-    target = check_device(device)
+    target = resolve_device(device, "--device")
     notes = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in plan.skipped:
         notes.print(f"[yellow]skipped {line}[/yellow]")
     cells = run_models(specs, the_task, plan.configs, limit, target, quiet)
     report(cells, the_task, json_path, quiet)
     if plot is not None:
-        from quantdiff.eval.sweep import plot_sweep
+        from quantdiff.report.sweep_report import plot_sweep
 
-        plot_sweep(cells, plot, the_task.metrics[0])
+        plot_sweep(cells, plot, the_task.headline)
         if not quiet:
             notes.print(f"plot -> {plot}")
 
@@ -85,15 +90,19 @@ def evaluate(
     quiet: QuietOpt = False,
 ) -> None:
     """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
+    from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
+    from quantdiff.core.device import resolve_device
     from quantdiff.core.errors import ConfigError
-    from quantdiff.jobs.evaluate import check_output, make_cli_task, report, resolve_models, run_models
+    from quantdiff.jobs.evaluate import report, run_models
+    from quantdiff.models.names import resolve_models
     from quantdiff.quant.sites import parse_config
 
     if bits is None and (method is not None or site is not None):
         raise ConfigError("--method and --site choose how to quantize: give --bits too")
     configs = [] if bits is None else [parse_config(method or "absmax", bits, site or "logits")]
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
+    check_limit(limit)
     specs = resolve_models([model])
     check_output(json_path, None)
-    cells = run_models(specs, the_task, configs, limit, device, quiet, include_reference=bits is None)
+    cells = run_models(specs, the_task, configs, limit, resolve_device(device, "--device"), quiet, include_reference=bits is None)
     report(cells, the_task, json_path, quiet)

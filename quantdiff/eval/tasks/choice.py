@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from torch import nn
 
@@ -80,6 +80,7 @@ class ChoiceTask:
     batch_size: int = 8
     name: str = "choice"
     metrics: tuple[str, ...] = ("acc", "acc_norm")
+    headline: ClassVar[str] = "acc_norm"  # length-normalised, as HellaSwag is reported
 
     def load_items(self) -> list[ChoiceItem]:
         if self.path is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from torch import nn
 
@@ -43,6 +44,7 @@ class LMTask:
     batch_size: int = 8
     name: str = "lm"
     metrics: tuple[str, ...] = ("accuracy", "loss", "perplexity")
+    headline: ClassVar[str] = "accuracy"
 
     def prepare(self, tokenizer, limit: int | None = None) -> PreparedLM:
         """Windows of the first `tokens` tokens; `limit` caps the number of windows."""

@@ -20,7 +20,8 @@ from quantdiff.eval.scoring import Progress
 
 class Task(Protocol):
     name: str
-    metrics: tuple[str, ...]  # what the task reports, headline metric first (the one sweeps plot)
+    metrics: tuple[str, ...]  # what the task reports
+    headline: str  # the one metric plots, Δ columns and report tables show (a class constant of each task)
 
     def prepare(self, tokenizer: Any, limit: int | None = None) -> Sized:
         """Data for one tokenizer; `len()` is the number of progress units `evaluate` reports."""
@@ -42,3 +43,10 @@ def make_task(name: str, **options: Any) -> Task:
     if unknown:
         raise ConfigError(f"task {name!r} has no option(s) {', '.join(unknown)}")
     return cls(**{key: value for key, value in options.items() if value is not None})
+
+
+def headline_metric(task: str) -> str:
+    """The headline metric of a task by name (for results read back from JSON)."""
+    if task not in TASKS:
+        raise ConfigError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
+    return TASKS[task].headline

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -164,6 +165,7 @@ class RetrievalTask:
     batch_size: int = 8
     name: str = "retrieval"
     metrics: tuple[str, ...] = ("accuracy", "attention_to_answer", "attention_noise")
+    headline: ClassVar[str] = "accuracy"
 
     def make_examples(self, tokenizer, limit: int | None = None) -> list[NeedleExample]:
         if self.depth is not None and not 0.0 <= self.depth <= 1.0:

@@ -1,0 +1,56 @@
+"""The CLI's task and output options: which flag sets which task field, and checks worded in flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from quantdiff.core.errors import ConfigError
+from quantdiff.eval.tasks.registry import Task, make_task
+
+# CLI option -> the field it sets, per task; an option a task has no field for is an error, not ignored.
+CLI_FIELDS = {
+    "choice": {"data": "path", "seed": "seed"},
+    "lm": {"data": "path", "context": "context"},
+    "retrieval": {"data": "filler_path", "context": "context_tokens", "needles": "n_needles", "depth": "depth", "seed": "seed"},
+}
+
+
+def make_cli_task(name: str, batch_size: int, **given: object) -> Task:
+    """A task from the CLI's options (`data`, `context`, `needles`, `depth`, `seed`; None = not given)."""
+    if name not in CLI_FIELDS:
+        make_task(name)  # raises the unknown-task error
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be positive, got {batch_size}")
+    data, context, depth, needles = (given.get(k) for k in ("data", "context", "depth", "needles"))
+    if data is not None and not Path(data).is_file():
+        raise ConfigError(f"--data file not found: {data}")
+    if context is not None and context < 2:
+        raise ConfigError(f"--context must be at least 2 tokens, got {context}")
+    if depth is not None and not 0.0 <= depth <= 1.0:
+        raise ConfigError(f"--depth must be in [0, 1], got {depth}")
+    if needles is not None and needles < 1:
+        raise ConfigError(f"--needles must be positive, got {needles}")
+    fields = CLI_FIELDS[name]
+    unused = [f"--{flag}" for flag, value in given.items() if value is not None and flag not in fields]
+    if unused:
+        raise ConfigError(f"task {name!r} does not take {', '.join(unused)}")
+    return make_task(name, batch_size=batch_size, **{fields[flag]: value for flag, value in given.items() if flag in fields})
+
+
+def check_output(path: Path | None, suffixes: Sequence[str] | None) -> None:
+    """Fail before any work if an output path cannot be written as asked."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ConfigError(f"output path is a directory: {path}")
+    if suffixes is not None and path.suffix.lower() not in suffixes:
+        raise ConfigError(f"{path}: use one of {', '.join(suffixes)}")
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is None or not parent.is_dir():
+        raise ConfigError(f"cannot create {path}: {parent} is not a directory")
+
+
+def check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be positive, got {limit}")

@@ -1,0 +1,64 @@
+"""The quantization vocabulary, in one place: method, site, granularity and export-format names, and the
+parsing of bit widths. The CLI, recipes, sweep planning and the JSON round trip of configs all check names
+here, so a name means the same thing everywhere and an unknown one gets the same one-line ConfigError."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from quantdiff.core.errors import ConfigError
+from quantdiff.quant.numerics import Granularity, PerColumn, PerRow, PerTensor, check_bits
+
+METHOD_NAMES = ("absmax", "llm-int8")  # fake quantization inside the model (sites)
+SITE_NAMES = ("logits", "qk", "linear")
+ATTENTION_SITE_NAMES = ("logits", "qk")  # the sites inside attention, which an export can record
+GRANULARITY_NAMES: dict[str, Granularity] = {"tensor": PerTensor(), "row": PerRow(), "column": PerColumn()}
+EXPORT_METHODS = ("absmax", "llm-int8", "nf4", "fp4")  # weight formats written by `quant.export`
+
+
+def check_name(name: object, known: Sequence[str], what: str) -> str:
+    """`name` if it is one of `known`, else ConfigError "unknown <what> 'x' (choose from …)"."""
+    if name not in known:
+        raise ConfigError(f"unknown {what} {name!r} (choose from {', '.join(known)})")
+    return name
+
+
+def method_name(name: object) -> str:
+    """A quantization method name; recipes (TOML) may write llm_int8 for llm-int8."""
+    return check_name(name.replace("_", "-") if isinstance(name, str) else name, METHOD_NAMES, "quantization method")
+
+
+def site_name(name: object) -> str:
+    return check_name(name, SITE_NAMES, "quantization site")
+
+
+def granularity(name: object) -> Granularity:
+    return GRANULARITY_NAMES[check_name(name, tuple(GRANULARITY_NAMES), "granularity")]
+
+
+def granularity_name(value: Granularity) -> str:
+    return next(name for name, g in GRANULARITY_NAMES.items() if g == value)
+
+
+def split_names(text: str, what: str) -> list[str]:
+    """"a,b" -> ["a", "b"]; an empty list is a ConfigError."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ConfigError(f"no {what} given")
+    return names
+
+
+def _integer(text: str, message: str) -> int:
+    if not text.strip().lstrip("+-").isdigit():
+        raise ConfigError(f"{message}, got {text!r}")
+    return int(text)
+
+
+def parse_bit_width(bits: int | str) -> int:
+    """One bit width as given (an int, or its text); its range is checked by the method or format using it."""
+    return _integer(bits, "bits must be an integer") if isinstance(bits, str) else bits
+
+
+def parse_bits(text: str) -> list[int]:
+    """"16,8,6,4" -> [16, 8, 6, 4]; anything but integers from 2 to 16 is a ConfigError."""
+    return [check_bits(_integer(part, "bits must be integers")) for part in split_names(text, "bits")]

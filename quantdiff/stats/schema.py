@@ -1,0 +1,58 @@
+"""The statistics JSON document (`schema` "quantdiff.stats", `version` 1) that `quantdiff stats --json` writes:
+
+    {"schema": "quantdiff.stats", "version": 1,
+     "quantile_relative_error": 0.0009765625,      # every quantile/median is within this of exact
+     "quantile_definition": "...",
+     "data": {"source", "tokens", "seq_len", "batch_size", "k", "tile_size", "world_size"},
+     "models": [                                    # one entry per model, in command-line order
+       {"name", "path", "kind": "standard"|"diff", "layers", "heads", "hidden_size", "tokens", "sequences",
+        "attention_logits": BLOCK + {"per_layer": [BLOCK], "per_head": [[BLOCK]], "per_map": {"1": BLOCK, "2": BLOCK}},
+        "hidden_states": BLOCK + {"per_layer": [BLOCK], "channel_absmax": [[float]] (layer × channel),
+                                  "outlier_features": {"count", "channels", "threshold", "min_layer_fraction",
+                                                       "min_position_fraction"}}}]}
+    BLOCK = {"count", "nonfinite": {"nan", "inf"}, "max", "median", "quantiles": {"0.5": …, "0.99": …},
+             "mean", "std", "kurtosis", "topk": [{"value", "layer", "head", "sequence", "query", "key", "map"?}
+                                                 | {"value", "layer", "sequence", "position", "channel"}]}
+
+`topk` is sorted by value descending (ties: location ascending); per_head blocks keep the top 10; `per_map`
+exists for differential models only (map 1 = heads 0…H/2−1, map 2 = the rest).
+"""
+
+from __future__ import annotations
+
+from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR
+from quantdiff.stats.model_stats import ModelStats
+
+SCHEMA = "quantdiff.stats"
+SCHEMA_VERSION = 1
+QUANTILE_DEFINITION = (
+    "quantile q of |x| is the value of rank floor(q*(count-1)) in ascending order (torch.quantile 'lower'), "
+    "reported as the midpoint of its log-spaced histogram bin"
+)
+
+
+def model_entry(name: str, path: str, stats: ModelStats) -> dict:
+    """One element of the document's `models`: what the model is, then `stats.summary()`."""
+    return {
+        "name": name,
+        "path": path,
+        "kind": "standard" if stats.head_maps is None else "diff",
+        "layers": stats.layers,
+        "heads": stats.heads,
+        "hidden_size": stats.hidden_size,
+        "tokens": stats.tokens,
+        "sequences": stats.sequences,
+        **stats.summary(),
+    }
+
+
+def document(entries: list[dict], data: dict) -> dict:
+    """The whole document: `entries` from `model_entry`, `data` saying what was observed."""
+    return {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "quantile_relative_error": QUANTILE_RELATIVE_ERROR,
+        "quantile_definition": QUANTILE_DEFINITION,
+        "data": data,
+        "models": entries,
+    }

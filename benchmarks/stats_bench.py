@@ -1,4 +1,4 @@
-"""Benchmark of `quantdiff stats` (issue 3, item 7); every ratio is measured side by side in one run.
+"""Benchmark of `quantdiff stats`; every ratio is measured side by side in one run.
 
 1. Stats pass (quantdiff backend, hooks, all statistics) vs a plain forward of the same model with eager
    and with sdpa attention (base model, no LM head, inference mode).

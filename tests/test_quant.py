@@ -93,6 +93,16 @@ def test_fake_quantize_equals_dequant_of_full_quantize(x, bits, seed, half):
     assert torch.equal(fake_quantize_with_absmax(x, amax, bits), quantize_with_absmax(x, amax, bits).dequant)
 
 
+def test_masked_fake_quantize_runs_with_autograd():
+    """A forward outside no_grad (the README's first call) takes an allocating path with the same values."""
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)) * 5
+    mask = torch.rand(4, 8, generator=torch.Generator().manual_seed(1)) < 0.5
+    amax = absmax(x, PerRow(), mask)
+    expect = fake_quantize_with_absmax(x, amax, 4, mask)
+    got = fake_quantize_with_absmax(x.clone().requires_grad_(), amax, 4, mask)
+    assert torch.equal(got.detach(), expect), (got.detach() - expect).abs().max()
+
+
 @pytest.mark.parametrize("g", GRANULARITIES, ids=lambda g: type(g).__name__)
 def test_zero_tensor_gives_zero_codes_without_nan(g):
     r = absmax_quantize(torch.zeros(3, 4), 8, g)

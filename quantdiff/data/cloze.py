@@ -6,7 +6,7 @@ window of sentences of neighbouring length that holds the true ending at a unifo
 ending is then the shortest (or longest) of its item one time in four, and length alone wins neither `acc`
 nor `acc_norm`. Deterministic: the same corpus and seed
 give the same items. Built at run time and cached under the user's cache directory (corpus-derived text is
-never committed; see DESIGN.md).
+never committed).
 """
 
 from __future__ import annotations

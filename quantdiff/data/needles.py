@@ -10,7 +10,7 @@ The key sits right before its value, and the value is a multi-token span (three 
 the context. Key and value words never occur in the corpus and are single tokens of the trained tokenizer
 (see `vocabulary_text`), so the answer is a chain of single-token induction steps: this *needle copy* is
 what a tiny model learns within a few hundred steps on CPU, unlike associative recall of tokens that also
-occur elsewhere (see DESIGN.md). Chance for exact match is about 1/n_needles for a model that copies some
+occur elsewhere. Chance for exact match is about 1/n_needles for a model that copies some
 needle's value, and ~0 for one that guesses words.
 
 API (all deterministic given the `random.Random` passed in):

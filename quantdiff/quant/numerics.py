@@ -126,7 +126,11 @@ def fake_quantize_with_absmax(x: torch.Tensor, amax: torch.Tensor, bits: int, ma
 def _dequantize_into(grid: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     dequant = grid.mul_(scale)
     if mask is not None:
-        dequant = torch.where(mask, dequant, x.float(), out=dequant)
+        other = x.float()
+        if dequant.requires_grad or other.requires_grad:  # out= has no autograd: a forward with grad allocates
+            dequant = torch.where(mask, dequant, other)
+        else:
+            dequant = torch.where(mask, dequant, other, out=dequant)
     return dequant.to(x.dtype)
 
 

@@ -42,7 +42,7 @@ def quantize(
     attention = None
     if attention_bits is not None:
         if attention_site not in ATTENTION_SITE_NAMES:
-            raise ConfigError(f"--attention-site must be one of {', '.join(ATTENTION_SITE_NAMES)}, got {attention_site!r}")
+            raise ConfigError(f"--attention-site must be {' or '.join(ATTENTION_SITE_NAMES)}, got {attention_site!r}")
         attention = parse_config(attention_method, attention_bits, attention_site)
     check_target(out, force)
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None

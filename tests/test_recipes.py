@@ -40,6 +40,7 @@ def test_sections_become_dataclasses_with_defaults():
     assert recipe.model == SizePreset(hidden_size=64, num_layers=2, num_heads=4, vocab_size=300, max_position_embeddings=64)
     assert recipe.train.lr == 1 and recipe.train.steps == 4
     assert recipe.analysis.bits == [16, 8, 6, 4]
+    assert recipe.analysis.methods == ["absmax", "llm_int8"]  # TOML-friendly spelling, accepted by the registry
 
 
 @pytest.mark.parametrize(
@@ -54,8 +55,12 @@ def test_sections_become_dataclasses_with_defaults():
         (("steps = 4", "steps = 4\ndtype = 'fp8'"), "dtype must be one of"),
         (("seq_len = 32", "seq_len = 128"), "exceeds max_position_embeddings"),
         (("num_layers = 2", "num_layers = 'two'"), "num_layers must be a number"),
+        (("lr = 1", "lr = 1\n[analysis]\nmethods = ['gptq']"), "\\[analysis\\] unknown quantization method 'gptq'"),
+        (("lr = 1", "lr = 1\n[analysis]\nsites = ['values']"), "\\[analysis\\] unknown quantization site 'values'"),
+        (("lr = 1", "lr = 1\n[analysis]\nbits = [8, 1]"), "\\[analysis\\] bits must be .*2.*16"),
     ],
-    ids=["unknown-key", "unknown-model-key", "unknown-section", "heads-not-dividing", "odd-kv-heads", "float-steps", "dtype", "seq-too-long", "string-size"],
+    ids=["unknown-key", "unknown-model-key", "unknown-section", "heads-not-dividing", "odd-kv-heads", "float-steps", "dtype", "seq-too-long", "string-size",
+         "analysis-method", "analysis-site", "analysis-bits"],
 )
 def test_bad_recipes_are_rejected_by_name(edit, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,1 +1,1 @@
-"""Small shared pieces every layer may use: the error family and atomic file writes."""
+"""Small shared pieces every layer may use: errors, device resolution, atomic writes, progress bars."""

@@ -1,1 +1,2 @@
-"""Quantization: pure numerics, configs and sites applied to models, packing, export and quantized-checkpoint loading."""
+"""Quantization: pure numerics, the name registry, configs and sites applied to models, packing, export and
+quantized-checkpoint loading."""

@@ -116,7 +116,7 @@ class QuantConfig:
         return cls(_method_from_dict(data["method"]), _site_from_dict(data["site"]))
 
 
-# ---- the JSON form of configs (names from `registry`) ------------------------------------------------
+# ---- the JSON form of configs (names from `registry`) -------------------------------------------------------
 
 
 def _method_to_dict(method: Method) -> dict:

@@ -1,1 +1,1 @@
-"""Reporting: the paper's numbers, tables, plots and the markdown report."""
+"""Reporting: number formatting, the paper's numbers, stats and sweep tables, plots and the markdown report."""

@@ -1,1 +1,2 @@
-"""Activation statistics: mergeable exact top-k and histogram engine, collection through hooks, distributed merge."""
+"""Activation statistics: per-element tile work, histogram, located top-k and moments composed into `AbsStats`,
+per-channel outliers, per-model `ModelStats` and its JSON schema, collection through hooks, torchrun merge."""

@@ -16,6 +16,7 @@ def info(
     from rich.table import Table
 
     from quantdiff.attention.backend import taps
+    from quantdiff.core.device import resolve_device
     from quantdiff.models.loading import load
     from quantdiff.models.pairs import lambda_parameter_count, parameter_count
     from quantdiff.models.names import resolve
@@ -23,8 +24,9 @@ def info(
     table = Table(title="quantdiff models")
     for column in ("model", "architecture", "attention", "layers", "heads (kv)", "parameters", "λ parameters", "device"):
         table.add_column(column)
+    target = resolve_device(device, "--device")
     for path in [p for name in models for p in resolve(name)]:
-        model = load(path, device=None if device == "auto" else device)
+        model = load(path, device=target)
         tap_list = taps(model)
         cfg = model.config
         kind = "differential" if tap_list[0].differential else "standard"

@@ -18,18 +18,10 @@ import quantdiff.attention.backend as attention
 from quantdiff.attention.backend import TileContext
 from quantdiff.data.sources import Batch
 from quantdiff.attention.observe import observe
+from quantdiff.models import structure
 from quantdiff.stats.engine import ModelStats
 
 DEFAULT_K = 100
-
-
-def head_maps(model: nn.Module) -> list[int] | None:
-    """Per head 1 or 2 for differential attention (head i pairs with i + H/2), None for standard attention."""
-    taps = attention.taps(model)
-    if not taps or not taps[0].differential:
-        return None
-    heads = model.config.num_attention_heads
-    return [1] * (heads // 2) + [2] * (heads - heads // 2)
 
 
 class StatsCollector:
@@ -38,7 +30,7 @@ class StatsCollector:
     def __init__(self, model: nn.Module, k: int = DEFAULT_K, compile: bool | None = None) -> None:
         config = model.config
         device = next(model.parameters()).device
-        self.stats = ModelStats.empty(len(attention.taps(model)), config.num_attention_heads, config.hidden_size, head_maps(model), k, device)
+        self.stats = ModelStats.empty(len(attention.taps(model)), config.num_attention_heads, config.hidden_size, structure.model_head_maps(model), k, device)
         # Compiled per-element kernels pay off on CUDA; on CPU the one-off compile outweighs them for short runs.
         self.stats.logits.fused = self.stats.hidden.fused = device.type == "cuda" if compile is None else compile
         self.batch: Batch | None = None

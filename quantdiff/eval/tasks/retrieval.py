@@ -24,6 +24,7 @@ from torch import nn
 import quantdiff.attention.backend as attention
 from quantdiff.data.sources import text_or_held_out
 from quantdiff.core.errors import DataError
+from quantdiff.models import structure
 from quantdiff.eval.tasks.choice import encode_pair
 from quantdiff.data.needles import Filler, NeedleExample, make_needle_example
 from quantdiff.eval.scoring import Progress, left_pad, model_device, next_token_logits
@@ -80,12 +81,6 @@ def exact_matches(model: nn.Module, items: list[NeedleItem], batch_size: int = 8
     return out
 
 
-def differential_lambda(module: nn.Module) -> float:
-    """λ = exp(λq1·λk1) − exp(λq2·λk2) + λinit, as DiffLlama (and the paper) computes it per layer."""
-    dot = lambda q, k: torch.sum(q.float() * k.float())  # noqa: E731
-    return float(torch.exp(dot(module.lambda_q1, module.lambda_k1)) - torch.exp(dot(module.lambda_q2, module.lambda_k2)) + module.lambda_init)
-
-
 @torch.no_grad()
 def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> list[torch.Tensor]:
     """Per layer, the attention maps (B, heads, rows, S) of the last `rows` query rows of a left-padded batch.
@@ -116,8 +111,8 @@ def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> l
     for module in sorted(modules, key=lambda m: m.quantdiff_tap.layer_idx):
         logits = torch.cat([t for _, t in sorted(tiles[module.quantdiff_tap.layer_idx], key=lambda kt: kt[0])], dim=-1)  # (B, H, rows, S)
         probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # padding rows attend to nothing
-        if attention.is_differential(module):
-            lam = differential_lambda(module)
+        if module.quantdiff_tap.differential:
+            lam = structure.differential_lambda(module)
             a1, a2 = probs.chunk(2, dim=1)  # (B, H/2, rows, S) each: head i pairs with head i + H/2
             probs = (a1 - lam * a2) / (1 - lam)
         maps.append(probs)

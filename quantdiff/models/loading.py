@@ -122,6 +122,7 @@ def load(
 
 def prepare(model: PreTrainedModel, tile_size: int | None = attention.DEFAULT_TILE_SIZE) -> PreTrainedModel:
     """Switch an in-memory model to the quantdiff backend, attach taps, eval mode."""
+    _check_uses_registry(model.config)
     attention.register()
     model.set_attn_implementation(attention.BACKEND_NAME)
     attention.attach_taps(model)  # LoadError when the model declares no attention modules

@@ -1,0 +1,170 @@
+"""The architecture matrix: every decoder family either runs exactly on the quantdiff backend or is refused by name.
+
+For each family a tiny random float32 model is built twice with the same weights: once under transformers'
+own eager attention (the reference), once on the quantdiff backend with a no-op hook on every tap (which
+forces the tiled path). Outputs must agree within 1e-5 for two tile sizes, with and without left padding,
+and quantdiff's logit statistics (count, Top-k, median) must equal an independent capture of the causal
+(and windowed) `QKᵀ·scaling`, taken from the model's own eager attention function with an eager mask.
+Families the backend cannot run must fail with one line naming the reason — never a silent mismatch.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import pytest
+import torch
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+import quantdiff.attention.backend as attention
+from quantdiff.core.errors import LoadError
+from quantdiff.data.sources import Batch
+from quantdiff.models.loading import prepare
+from quantdiff.stats.collect import collect_stats
+from quantdiff.stats.engine import QUANTILE_RELATIVE_ERROR
+
+VOCAB, T, PAD_LEFT = 64, 12, 3
+TINY = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    initializer_range=0.2,  # logits of order one: soft-capping and sinks change the outputs measurably
+)
+WINDOW = 4  # shorter than the sequence, so windows really cut keys off
+MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+MLA = dict(
+    kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=12, num_key_value_heads=4,
+    n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1, moe_intermediate_size=16,
+)
+# model_type -> config overrides. Sliding windows, soft-capping, sinks, MLA, fused QKV and differential
+# attention are all exercised; the README's "Supported models" section lists these families.
+SUPPORTED = {
+    "llama": {},
+    "mistral": dict(sliding_window=WINDOW),
+    "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    "qwen3": dict(head_dim=8),
+    "gemma": dict(head_dim=8),
+    "gemma2": dict(head_dim=8, sliding_window=WINDOW, attn_logit_softcapping=2.0, query_pre_attn_scalar=8),
+    "gemma3_text": dict(head_dim=8, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]),
+    "olmo": {},
+    "olmo2": {},
+    "cohere": {},
+    "granite": {},
+    "phi": {},
+    "phi3": {},
+    "starcoder2": dict(sliding_window=WINDOW),
+    "smollm3": {},
+    "deepseek_v3": MLA,
+    "diffllama": {},
+    "gpt2": {},
+    "gpt_neox": {},
+    "gpt_oss": dict(head_dim=8, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], **MOE),
+    "stablelm": {},
+}
+REFUSED = {"falcon": "does not use transformers' registry"}
+
+
+def _tiny(model_type: str, overrides: dict) -> torch.nn.Module:
+    config = AutoConfig.for_model(model_type, **{**TINY, **overrides})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():  # some initialisers leave parameters at exact zeros or ones: make every one count
+        for name, param in model.named_parameters():
+            if "sinks" in name or "lambda" in name or param.dim() == 1:
+                param.add_(0.1 * torch.randn_like(param))
+    return model
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (2, T), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :PAD_LEFT] = 0  # row 1 is left-padded
+    ids[mask == 0] = TINY["pad_token_id"]
+    return ids, mask
+
+
+class _Capture:
+    """Pre-softmax QKᵀ·scaling of each layer, from inside the model's own eager attention function."""
+
+    def __init__(self) -> None:
+        self.logits: dict[int, torch.Tensor] = {}
+        self.valid: dict[int, torch.Tensor] = {}
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
+        heads = query.shape[1]
+        key_all = key.repeat_interleave(heads // key.shape[1], dim=1)
+        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+        self.logits[module.layer_idx] = torch.matmul(query, key_all.transpose(2, 3)).float() * scaling
+        self.valid[module.layer_idx] = attention_mask > torch.finfo(attention_mask.dtype).min / 2  # eager: always a full mask
+        own = sys.modules[type(module).__module__].eager_attention_forward  # the family's own semantics
+        return own(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+
+def _captured_abs_logits(model, ids, mask) -> torch.Tensor:
+    capture = _Capture()
+    AttentionInterface.register("capture", capture)
+    AttentionMaskInterface.register("capture", eager_mask)  # eager_mask always materialises causal + window + padding
+    reference = copy.deepcopy(model)
+    reference.set_attn_implementation("capture")
+    with torch.no_grad():
+        reference(input_ids=ids, attention_mask=mask)
+    real_query = mask.bool()[:, None, :, None]  # padded query rows are not observed
+    return torch.cat([capture.logits[i].abs()[(capture.valid[i] & real_query).expand_as(capture.logits[i])] for i in sorted(capture.logits)])
+
+
+def _forced_tiled(model, tile_size: int):
+    quantdiff_model = prepare(copy.deepcopy(model), tile_size)
+    for tap in attention.taps(quantdiff_model):
+        tap.register_forward_hook(lambda *_: None)  # a listener: the backend must materialise every tile
+    return quantdiff_model
+
+
+@pytest.mark.parametrize("model_type", sorted(SUPPORTED))
+def test_forced_tiled_equals_eager_and_stats_equal_capture(model_type):
+    model = _tiny(model_type, SUPPORTED[model_type])
+    ids, mask = _inputs()
+    with torch.no_grad():
+        eager = {padded: model(input_ids=ids, attention_mask=mask if padded else None).logits for padded in (False, True)}
+    for tile_size in (5, T):
+        tiled = _forced_tiled(model, tile_size)
+        for padded, reference in eager.items():
+            with torch.no_grad():
+                got = tiled(input_ids=ids, attention_mask=mask if padded else None).logits
+            real = mask.bool() if padded else torch.ones_like(mask, dtype=torch.bool)
+            diff = (got - reference)[real].abs().max().item()
+            assert diff <= 1e-5, f"{model_type} tile={tile_size} padded={padded}: max |Δ output| {diff:.2e}"
+
+    want = _captured_abs_logits(model, ids, mask)
+    stats = collect_stats(_forced_tiled(model, 5), [Batch(ids, mask, 0)], k=8).summary()["attention_logits"]
+    got_top = torch.tensor([e["value"] for e in stats["topk"]])
+    want_top = want.topk(8).values
+    assert stats["count"] == want.numel(), f"{model_type}: {stats['count']} logits observed, {want.numel()} valid"
+    assert torch.allclose(got_top, want_top, rtol=1e-5, atol=1e-7), f"{model_type}: max Top-k diff {(got_top - want_top).abs().max():.2e}"
+    exact = want.double().median().item()
+    assert abs(stats["median"] - exact) <= QUANTILE_RELATIVE_ERROR * exact + 1e-6 * exact, f"{model_type}: median {stats['median']} vs {exact}"
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_unsupported_families_are_refused_by_name(model_type):
+    model = _tiny(model_type, {})
+    with pytest.raises(LoadError) as info:
+        prepare(model)
+    message = str(info.value)
+    assert "\n" not in message and model_type in message.lower() and REFUSED[model_type] in message
+
+
+def test_unknown_attention_argument_is_refused_by_name():
+    model = prepare(_tiny("llama", {}))
+    module = next(m for m in model.modules() if isinstance(getattr(m, "quantdiff_tap", None), attention.Tap))
+    q = torch.zeros(1, 4, 3, 8)
+    with pytest.raises(Exception, match="'chunk_size'") as info:
+        attention.quantdiff_attention_forward(module, q, q[:, :2], q[:, :2], None, scaling=1.0, chunk_size=2)
+    assert "llama" in str(info.value)
+
+
+def test_dropout_in_training_is_refused_on_the_tiled_path():
+    model = _forced_tiled(_tiny("llama", {"attention_dropout": 0.5}), 4).train()
+    with pytest.raises(Exception, match="dropout"):
+        model(input_ids=_inputs()[0])

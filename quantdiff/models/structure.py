@@ -88,11 +88,6 @@ def differential_lambda(module: nn.Module) -> float:
     return float(torch.exp(dot(module.lambda_q1, module.lambda_k1)) - torch.exp(dot(module.lambda_q2, module.lambda_k2)) + module.lambda_init)
 
 
-def sliding_window_layers(config) -> list[bool]:
-    """Per layer: does it attend through a sliding window (from `layer_types`, else `sliding_window` on all)."""
-    layers = config.num_hidden_layers
-    types = getattr(config, "layer_types", None)
-    if types:
-        return [t == "sliding_attention" for t in types[:layers]]
-    window = getattr(config, "sliding_window", None)
-    return [bool(window) and getattr(config, "use_sliding_window", True) is not False] * layers
+def logit_softcap(config) -> float | None:
+    """The cap of attention-logit soft-capping (Gemma 2: cap·tanh(logits/cap) before softmax), None without."""
+    return getattr(config, "attn_logit_softcapping", None) or None

@@ -9,6 +9,8 @@ rank 0 merges the gathered statistics exactly.
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -17,11 +19,22 @@ from torch import nn
 import quantdiff.attention.backend as attention
 from quantdiff.attention.backend import TileContext
 from quantdiff.data.sources import Batch
+from quantdiff.attention.coverage import Coverage, tracking
 from quantdiff.attention.observe import observe
 from quantdiff.models import structure
-from quantdiff.stats.engine import ModelStats
+from quantdiff.stats.engine import LOGIT_LOCATION, AbsStats, ModelStats
 
 DEFAULT_K = 100
+
+
+@dataclass
+class Collected:
+    """What one collection run yields: the statistics, what the forwards reached and, for models that
+    soft-cap their logits, the statistics of the capped values that enter softmax (None otherwise)."""
+
+    stats: ModelStats
+    coverage: Coverage
+    capped_logits: AbsStats | None = None
 
 
 class StatsCollector:
@@ -30,7 +43,10 @@ class StatsCollector:
     def __init__(self, model: nn.Module, k: int = DEFAULT_K, compile: bool | None = None) -> None:
         config = model.config
         device = next(model.parameters()).device
-        self.stats = ModelStats.empty(len(attention.taps(model)), config.num_attention_heads, config.hidden_size, structure.model_head_maps(model), k, device)
+        layers, heads = len(attention.taps(model)), config.num_attention_heads
+        self.stats = ModelStats.empty(layers, heads, config.hidden_size, structure.model_head_maps(model), k, device)
+        # Capped logits get their own block: the paper's logits are QKᵀ·scaling before any capping.
+        self.capped = AbsStats.empty(layers * heads, k, LOGIT_LOCATION, device) if structure.logit_softcap(config) else None
         # Compiled per-element kernels pay off on CUDA; on CPU the one-off compile outweighs them for short runs.
         self.stats.logits.fused = self.stats.hidden.fused = device.type == "cuda" if compile is None else compile
         self.batch: Batch | None = None
@@ -50,6 +66,9 @@ class StatsCollector:
 
         # (B, H, rows, cols) -> (B, H, rows·cols): one group per head of this layer
         self.stats.logits.update(logits.reshape(b, h, rows * cols), ctx.layer_idx * h, valid, locate)
+        if ctx.softcap is not None and self.capped is not None:
+            capped = torch.tanh(logits / ctx.softcap) * ctx.softcap
+            self.capped.update(capped.reshape(b, h, rows * cols), ctx.layer_idx * h, valid, locate)
 
     def on_hidden(self, layer: int, hidden: torch.Tensor) -> None:
         b, t, d = hidden.shape
@@ -67,10 +86,37 @@ class StatsCollector:
         """One forward of the base model (no LM head: its logits are not observed)."""
         device = self.stats.logits.device
         self.batch = batch.to(device)
-        with self.stats.logits.deferred_merges(), self.stats.hidden.deferred_merges():
+        with ExitStack() as deferred:
+            for block in (self.stats.logits, self.stats.hidden, self.capped):
+                if block is not None:
+                    deferred.enter_context(block.deferred_merges())
             model.base_model(input_ids=self.batch.input_ids, attention_mask=self.batch.attention_mask, use_cache=False)
         self.stats.tokens += batch.tokens
         self.stats.sequences += batch.input_ids.shape[0]
+
+
+def collect(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    k: int = DEFAULT_K,
+    progress: Callable[[int], None] | None = None,
+    compile: bool | None = None,
+    allow_partial: bool = False,
+) -> Collected:
+    """`collect_stats` with what the run reached and the capped-logits block; see there.
+
+    ConfigError when an attention module or decoder layer was never reached, unless allow_partial.
+    """
+    collector = StatsCollector(model, k, compile)
+    with tracking(model) as coverage:
+        with observe(model, collector.on_logits, collector.on_hidden), torch.inference_mode():
+            for batch in batches:
+                collector.run(model, batch)
+                if progress is not None:
+                    progress(batch.tokens)
+    if coverage.ran:
+        coverage.check(allow_partial)
+    return Collected(collector.stats, coverage, collector.capped)
 
 
 def collect_stats(
@@ -79,19 +125,15 @@ def collect_stats(
     k: int = DEFAULT_K,
     progress: Callable[[int], None] | None = None,
     compile: bool | None = None,
+    allow_partial: bool = False,
 ) -> ModelStats:
     """Statistics of attention logits and hidden states of `model` (on the quantdiff backend) over `batches`.
 
     progress(tokens) is called after each batch. Statistics live on the model's device. compile: fuse the
-    per-element work with torch.compile (None: on CUDA only).
+    per-element work with torch.compile (None: on CUDA only). allow_partial: accept a model where some
+    attention module or decoder layer was never reached (else ConfigError naming them).
     """
-    collector = StatsCollector(model, k, compile)
-    with observe(model, collector.on_logits, collector.on_hidden), torch.inference_mode():
-        for batch in batches:
-            collector.run(model, batch)
-            if progress is not None:
-                progress(batch.tokens)
-    return collector.stats
+    return collect(model, batches, k, progress, compile, allow_partial).stats
 
 
 def distributed_rank_world() -> tuple[int, int]:
@@ -108,17 +150,27 @@ def distributed_rank_world() -> tuple[int, int]:
 
 def gather_to_rank0(stats: ModelStats, rank: int, world: int) -> ModelStats | None:
     """Exact merge of every rank's statistics on rank 0 (in rank order); None on other ranks."""
+    return _gather(stats, ModelStats, rank, world)
+
+
+def gather_capped_to_rank0(capped: AbsStats | None, rank: int, world: int) -> AbsStats | None:
+    """The capped-logits block merged like `gather_to_rank0` (None stays None)."""
+    return None if capped is None else _gather(capped, AbsStats, rank, world)
+
+
+def _gather(part, cls, rank: int, world: int):
     if world == 1:
-        return stats
+        return part
     import torch.distributed as dist
 
+    device = part.logits.device if isinstance(part, ModelStats) else part.device
     gathered = [None] * world if rank == 0 else None
-    dist.gather_object(stats.to_dict(), gathered, dst=0)
+    dist.gather_object(part.to_dict(), gathered, dst=0)
     if rank != 0:
         return None
-    merged = ModelStats.from_dict(gathered[0], stats.logits.device)
-    for part in gathered[1:]:
-        merged.merge(ModelStats.from_dict(part, stats.logits.device))
+    merged = cls.from_dict(gathered[0], device)
+    for other in gathered[1:]:
+        merged.merge(cls.from_dict(other, device))
     return merged
 
 

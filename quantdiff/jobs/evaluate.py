@@ -122,6 +122,8 @@ def run_models(
     device: str | torch.device | None,
     quiet: bool,
     include_reference: bool = True,
+    allow_partial: bool = False,
+    trust_remote_code: bool = False,
 ) -> list[Cell]:
     """Load each model in turn (only one in memory) and run its cells; every model's task data is prepared
     (and so checked) before any weights are loaded."""
@@ -139,10 +141,10 @@ def run_models(
     cells: list[Cell] = []
     with progress_bars(quiet) as progress:
         for (name, path), tokenizer, data in zip(specs, tokenizers, prepared):
-            model = load(path, device=target)
+            model = load(path, device=target, trust_remote_code=trust_remote_code)
             if len(tokenizer) > model.config.vocab_size:
                 raise LoadError(f"{path}: the tokenizer has {len(tokenizer)} tokens, the model only {model.config.vocab_size}")
-            cells.extend(run_model_cells(name, model, task, data, configs, progress, include_reference))
+            cells.extend(run_model_cells(name, model, task, data, configs, progress, include_reference, allow_partial))
             del model
     return cells
 

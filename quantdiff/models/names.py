@@ -33,10 +33,10 @@ def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]
             raise LoadError(f"built-in model {name_or_path!r} is missing from this install ({missing[0]})")
         return dirs
     repo_id, _, pinned = str(name_or_path).partition("@")
-    if HUB_ID.match(repo_id):
+    if HUB_ID.match(repo_id) and name not in BUILT_IN:
         return [hub_snapshot(repo_id, revision or pinned or None)]
     built = ", ".join(f"{n}, {n}/{KINDS[0]}, {n}/{KINDS[1]}" for n in BUILT_IN)
-    raise LoadError(f"{str(name_or_path)!r} is neither an existing path, a built-in model ({built}) nor a hub id (org/name)")
+    raise LoadError(f"{str(name_or_path)!r} is neither an existing path nor a built-in model ({built}) nor a hub id (org/name)")
 
 
 def hub_offline() -> bool:

@@ -7,7 +7,7 @@ callables, so removing a configuration leaves the model exactly as it was (same 
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import quantdiff.attention.backend as attention
+from quantdiff.attention.coverage import tracking
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import structure
 from quantdiff.quant.numerics import (
@@ -411,9 +412,15 @@ def apply_quantization(model: nn.Module, config: QuantConfig | None) -> Quantiza
 
 
 @contextmanager
-def quantized(model: nn.Module, config: QuantConfig | None) -> Iterator[nn.Module]:
+def quantized(model: nn.Module, config: QuantConfig | None, allow_partial: bool = False) -> Iterator[nn.Module]:
+    """`model` quantized as `config` says inside the block. When the block ran forward passes, every attention
+    module and decoder layer must have been reached (ConfigError naming the others unless allow_partial)."""
     handle = apply_quantization(model, config)
+    track = tracking(model) if config is not None and attention.taps(model) else nullcontext(None)
     try:
-        yield model
+        with track as coverage:
+            yield model
     finally:
         handle.remove()
+    if coverage is not None and coverage.ran:
+        coverage.check(allow_partial)

@@ -23,6 +23,7 @@ def quantize(
     data: Annotated[Optional[Path], typer.Option("--data", help="Data file for --eval (see `quantdiff eval --help`).")] = None,
     context: Annotated[Optional[int], typer.Option("--context", help="Tokens per window (lm) or document (retrieval) for --eval.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="--eval on the first N items only.")] = None,
+    allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept decoder layers without an nn.Linear to quantize.")] = False,
 ) -> None:
     """Quantize the linear weights inside the decoder layers and write a complete model directory."""
     from rich.console import Console
@@ -51,7 +52,7 @@ def quantize(
     if len(sources) != 1:
         raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
     tokenizer = load_tokenizer(sources[0]) if task is not None else None
-    summary = export_quantized(sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention)
+    summary = export_quantized(sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial)
     console = Console(highlight=False)
     d = summary.description
     console.print(f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}")

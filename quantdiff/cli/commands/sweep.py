@@ -22,6 +22,8 @@ BatchOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per forwa
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 … (default: CUDA if available).")]
 JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the cells as JSON (an object with a list `cells`).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; print only the result.")]
+PartialOpt = Annotated[bool, typer.Option("--allow-partial", help="Accept models where some attention module or decoder layer is never reached.")]
+RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default).")]
 
 
 def sweep(
@@ -41,6 +43,8 @@ def sweep(
     batch_size: BatchOpt = 8,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    allow_partial: PartialOpt = False,
+    trust_remote_code: RemoteOpt = False,
 ) -> None:
     """Accuracy under quantization: the unquantized reference plus every (method, bits, site) cell, per model."""
     from quantdiff.eval.sweep import parse_bits, plan_sweep, split_names
@@ -57,7 +61,7 @@ def sweep(
     notes = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in plan.skipped:
         notes.print(f"[yellow]skipped {line}[/yellow]")
-    cells = run_models(specs, the_task, plan.configs, limit, target, quiet)
+    cells = run_models(specs, the_task, plan.configs, limit, target, quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)
     report(cells, the_task, json_path, quiet)
     if plot is not None:
         from quantdiff.eval.sweep import plot_sweep
@@ -83,6 +87,8 @@ def evaluate(
     batch_size: BatchOpt = 8,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    allow_partial: PartialOpt = False,
+    trust_remote_code: RemoteOpt = False,
 ) -> None:
     """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
     from quantdiff.core.errors import ConfigError
@@ -95,5 +101,7 @@ def evaluate(
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     specs = resolve_models([model])
     check_output(json_path, None)
-    cells = run_models(specs, the_task, configs, limit, device, quiet, include_reference=bits is None)
+    cells = run_models(
+        specs, the_task, configs, limit, device, quiet, include_reference=bits is None, allow_partial=allow_partial, trust_remote_code=trust_remote_code
+    )
     report(cells, the_task, json_path, quiet)

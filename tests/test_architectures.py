@@ -11,6 +11,8 @@ Families the backend cannot run must fail with one line naming the reason — ne
 from __future__ import annotations
 
 import copy
+import json
+import shutil
 import sys
 
 import pytest
@@ -168,3 +170,60 @@ def test_dropout_in_training_is_refused_on_the_tiled_path():
     model = _forced_tiled(_tiny("llama", {"attention_dropout": 0.5}), 4).train()
     with pytest.raises(Exception, match="dropout"):
         model(input_ids=_inputs()[0])
+
+
+# ---- end to end: one soft-capping, one sinks and one fused-QKV family through the CLI --------------------------
+
+END_TO_END = {"gemma2": "softcap", "gpt_oss": "sinks", "phi3": "fused qkv_proj"}
+
+
+def _saved_with_tokenizer(model_type: str, directory) -> int:
+    """The tiny model saved with the shipped standard model's tokenizer (vocabulary sized to match)."""
+    from quantdiff.models.names import ASSETS
+
+    tokenizer_dir = ASSETS / "tiny" / "standard"
+    vocab = json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"]
+    model = _tiny(model_type, {**SUPPORTED[model_type], "vocab_size": vocab})
+    model.save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, directory / name)
+    return vocab
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(END_TO_END))
+def test_stats_sweep_and_quantize_end_to_end(model_type, tmp_path, capsys):
+    from quantdiff.cli.app import main
+    from quantdiff.quant.checkpoint import load_quantized
+
+    model_dir = tmp_path / model_type
+    _saved_with_tokenizer(model_type, model_dir)
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.\n" * 40)
+
+    def run(*argv) -> None:
+        with pytest.raises(SystemExit) as info:
+            main([str(a) for a in argv])
+            raise SystemExit(0)
+        assert info.value.code == 0, capsys.readouterr().err
+
+    run("stats", model_dir, "--data", text, "--tokens", "200", "--seq-len", "16", "--tile-size", "5", "--json", tmp_path / "s.json", "--quiet", "--device", "cpu")
+    entry = json.loads((tmp_path / "s.json").read_text())["models"][0]
+    assert entry["coverage"]["complete"] and entry["coverage"]["attention_reached"] == TINY["num_hidden_layers"]
+    assert entry["attention_logits"]["count"] > 0
+    capped = entry.get("attention_logits_capped")
+    if model_type == "gemma2":  # the capped values that enter softmax: never above the cap, never above the raw logits
+        assert capped["count"] == entry["attention_logits"]["count"] and capped["max"] <= min(2.0, entry["attention_logits"]["max"])
+    else:
+        assert capped is None
+
+    run("sweep", model_dir, "--task", "lm", "--data", text, "--context", "16", "--limit", "2", "--bits", "8,4", "--site", "logits,qk",
+        "--json", tmp_path / "w.json", "--quiet", "--device", "cpu")  # fmt: skip
+    cells = json.loads((tmp_path / "w.json").read_text())["cells"]
+    assert len(cells) == 1 + 2 * 2 and all(c["loss"] is not None for c in cells)
+    assert len({round(c["loss"], 6) for c in cells}) > 1  # 4-bit quantization inside attention changes something
+
+    run("quantize", model_dir, "--out", tmp_path / "q", "--bits", "4", "--attention-bits", "8")
+    reloaded = load_quantized(tmp_path / "q", device="cpu")
+    with torch.no_grad():
+        assert torch.isfinite(reloaded(input_ids=torch.arange(3, 15)[None]).logits).all()

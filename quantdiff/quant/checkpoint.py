@@ -19,8 +19,9 @@ from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, apply_
 
 
 def _module_tensors(stored: Tensors, fqn: str) -> Tensors:
+    """The encoded weight of one quantized linear layer; its bias stays an ordinary tensor."""
     prefix = f"{fqn}."
-    return {key.removeprefix(prefix): value for key, value in stored.items() if key.startswith(prefix)}
+    return {key.removeprefix(prefix): value for key, value in stored.items() if key.startswith(prefix) and key != f"{prefix}bias"}
 
 
 def quantdiff_section(config: dict) -> dict | None:

@@ -190,7 +190,6 @@ def _saved_with_tokenizer(model_type: str, directory) -> int:
     return vocab
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("model_type", sorted(END_TO_END))
 def test_stats_sweep_and_quantize_end_to_end(model_type, tmp_path, capsys):
     from quantdiff.cli.app import main
@@ -224,6 +223,8 @@ def test_stats_sweep_and_quantize_end_to_end(model_type, tmp_path, capsys):
     assert len({round(c["loss"], 6) for c in cells}) > 1  # 4-bit quantization inside attention changes something
 
     run("quantize", model_dir, "--out", tmp_path / "q", "--bits", "4", "--attention-bits", "8")
-    reloaded = load_quantized(tmp_path / "q", device="cpu")
+    reloaded, source = load_quantized(tmp_path / "q", device="cpu"), prepare(AutoModelForCausalLM.from_pretrained(model_dir))
+    biases = {name: t for name, t in source.state_dict().items() if name.endswith(".bias")}
+    assert all(torch.equal(reloaded.state_dict()[name], t) for name, t in biases.items())  # quantized layers keep their biases
     with torch.no_grad():
         assert torch.isfinite(reloaded(input_ids=torch.arange(3, 15)[None]).logits).all()

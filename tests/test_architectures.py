@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shutil
 import sys
 
@@ -228,3 +229,55 @@ def test_stats_sweep_and_quantize_end_to_end(model_type, tmp_path, capsys):
     assert all(torch.equal(reloaded.state_dict()[name], t) for name, t in biases.items())  # quantized layers keep their biases
     with torch.no_grad():
         assert torch.isfinite(reloaded(input_ids=torch.arange(3, 15)[None]).logits).all()
+
+
+# ---- definitions and coverage ------------------------------------------------------------------------------
+
+
+def test_capped_block_is_the_softcap_of_the_raw_logits():
+    from quantdiff.stats.collect import collect
+
+    cap = SUPPORTED["gemma2"]["attn_logit_softcapping"]
+    ids, mask = _inputs()
+    collected = collect(_forced_tiled(_tiny("gemma2", SUPPORTED["gemma2"]), 5), [Batch(ids, mask, 0)], k=8)
+    raw = collected.stats.summary()["attention_logits"]
+    capped = collected.capped_logits.pooled().summary()
+    assert raw["max"] > cap / 2  # capping really bends these logits
+    # |cap·tanh(x/cap)| is monotone in |x|: the capped Top-k are the capped raw Top-k, at the same locations.
+    want = [cap * math.tanh(e["value"] / cap) for e in raw["topk"]]
+    assert [e["value"] for e in capped["topk"]] == pytest.approx(want, rel=1e-6)
+    assert [e["key"] for e in capped["topk"]] == [e["key"] for e in raw["topk"]] and capped["count"] == raw["count"]
+
+
+def _bypass_attention(model, layer: int) -> str:
+    """Make one attention module skip the backend (as custom or remote code might); returns its name."""
+    name, module = [(n, m) for n, m in model.named_modules() if isinstance(getattr(m, "quantdiff_tap", None), attention.Tap)][layer]
+    module.forward = lambda hidden_states, *args, **kwargs: (torch.zeros_like(hidden_states), None)
+    return name
+
+
+def test_an_attention_module_that_bypasses_the_backend_is_an_error_unless_partial():
+    from quantdiff.core.errors import ConfigError
+    from quantdiff.quant.sites import parse_config, quantized
+    from quantdiff.stats.collect import collect
+
+    model = prepare(_tiny("llama", {}))
+    skipped = _bypass_attention(model, 1)
+    batch = Batch(*_inputs(), 0)
+    with pytest.raises(ConfigError, match=skipped) as info:
+        collect(model, [batch])
+    assert "\n" not in str(info.value) and "partial" in str(info.value)
+    coverage = collect(model, [batch], allow_partial=True).coverage.to_dict()
+    assert coverage["missing"] == [skipped] and coverage["attention_reached"] == 1 and not coverage["complete"]
+    with pytest.raises(ConfigError, match=skipped), torch.no_grad(), quantized(model, parse_config("absmax", 4, "logits")):
+        model(input_ids=batch.input_ids)
+
+
+def test_linear_quantization_refuses_decoder_layers_without_nn_linear():
+    from quantdiff.core.errors import ConfigError
+    from quantdiff.quant.sites import LinearSite, linear_targets
+
+    model = _tiny("gpt2", {})  # GPT-2 projects with transformers' Conv1D, not nn.Linear
+    with pytest.raises(ConfigError, match=r"transformer\.h\.0"):
+        linear_targets(model, LinearSite())
+    assert linear_targets(model, LinearSite(), allow_partial=True) == []

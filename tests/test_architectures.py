@@ -281,3 +281,14 @@ def test_linear_quantization_refuses_decoder_layers_without_nn_linear():
     with pytest.raises(ConfigError, match=r"transformer\.h\.0"):
         linear_targets(model, LinearSite())
     assert linear_targets(model, LinearSite(), allow_partial=True) == []
+
+
+def test_readme_lists_exactly_the_matrix():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Supported models", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("`")[1] for line in section.splitlines() if line.startswith("| `")}
+    assert rows == set(SUPPORTED)
+    refused = section.split("Refused:", 1)[1].split(".", 1)[0]
+    assert all(f"`{name}`" in refused for name in REFUSED)

@@ -60,6 +60,7 @@ SUPPORTED = {
     "smollm3": {},
     "deepseek_v3": MLA,
     "diffllama": {},
+    "doge": dict(keep_window_size=6),  # a learned additive mask, and keys beyond the window dynamically masked
     "gpt2": {},
     "gpt_neox": {},
     "gpt_oss": dict(head_dim=8, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], **MOE),
@@ -292,3 +293,20 @@ def test_readme_lists_exactly_the_matrix():
     assert rows == set(SUPPORTED)
     refused = section.split("Refused:", 1)[1].split(".", 1)[0]
     assert all(f"`{name}`" in refused for name in REFUSED)
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss"])
+def test_retrieval_attention_maps_equal_eager_probabilities(model_type):
+    """Maps rebuilt from tap tiles include soft-capping and sinks exactly as the model's softmax does."""
+    from quantdiff.eval.scoring import left_pad
+    from quantdiff.eval.tasks.retrieval import last_rows_attention
+
+    model = _tiny(model_type, SUPPORTED[model_type])
+    seqs = [list(range(3, 3 + T)), list(range(10, 10 + T - PAD_LEFT))]
+    ids, mask, positions = left_pad(seqs, torch.device("cpu"))
+    with torch.no_grad():
+        eager = model(input_ids=ids, attention_mask=mask, position_ids=positions, output_attentions=True).attentions
+    maps = last_rows_attention(prepare(copy.deepcopy(model), 5), seqs, rows=3)
+    for layer, (got, want) in enumerate(zip(maps, eager)):
+        diff = (got - want[:, :, -3:]).abs().max().item()
+        assert diff <= 1e-5, f"{model_type} layer {layer}: max |Δ probability| {diff:.2e}"

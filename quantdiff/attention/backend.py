@@ -57,6 +57,7 @@ class TileContext:
     # exp(sinks[h]) per head when sinks are set: what an observer needs to reconstruct the probabilities.
     softcap: float | None = None
     sinks: torch.Tensor | None = None  # (H,) float32
+    bias: torch.Tensor | None = None  # additive float mask values of the tile (Doge's dynamic mask), added last
 
 
 @dataclass(frozen=True)
@@ -201,9 +202,18 @@ def quantdiff_attention_forward(
     # A Diff repeat call shows its hooks nothing, so without a logits quantizer SDPA gives the same output faster.
     if args.sdpa_exact and (not tap.needs_logits or (repeat is not None and tap.logits_quantizer is None)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=args.scaling, **sdpa_kwargs)
-    if attention_mask is not None and attention_mask.dtype != torch.bool:
-        attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2  # additive float mask -> bool
-    return _tiled_attention(tap, query, key, value, attention_mask, args, state, observe=repeat is None)
+    attention_mask, bias = _split_mask(attention_mask)
+    return _tiled_attention(tap, query, key, value, attention_mask, bias, args, state, observe=repeat is None)
+
+
+def _split_mask(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """An additive float mask -> (bool mask, additive bias or None): most models' finite entries are all 0,
+    but some (Doge) add learned values to the logits through the mask, which softmax must still see."""
+    if mask is None or mask.dtype == torch.bool:
+        return mask, None
+    valid = mask > torch.finfo(mask.dtype).min / 2
+    bias = mask.masked_fill(~valid, 0.0)
+    return valid, (bias.float() if bool(bias.any()) else None)
 
 
 def _tiled_attention(
@@ -212,6 +222,7 @@ def _tiled_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
     args: AttentionArgs,
     state: dict,
     observe: bool,
@@ -282,11 +293,9 @@ def _tiled_attention(
             row_absmax=None if row_absmax is None else row_absmax[:, :, q_first:],
             softcap=args.softcap,
             sinks=sinks,
+            bias=None if bias is None else bias[:, :, q_first:, k_start:k_stop],
         )
-        logits = call_tap(logits, ctx)  # taps see QKᵀ·scaling before any soft-capping
-        if args.softcap is not None:
-            logits = torch.tanh(logits / args.softcap) * args.softcap
-        logits = logits.masked_fill(~valid, -math.inf)
+        logits = softmax_input(call_tap(logits, ctx), ctx).masked_fill(~valid, -math.inf)  # taps see QKᵀ·scaling before capping
         m_old = m[:, :, q_first:]
         m_new = torch.maximum(m_old, logits.amax(dim=-1, keepdim=True))
         safe_m = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with nothing valid yet
@@ -297,6 +306,22 @@ def _tiled_attention(
         m[:, :, q_first:] = m_new
     out = acc / l.clamp_min(torch.finfo(torch.float32).tiny)  # fully masked rows (padding) give 0, not NaN
     return out.to(query.dtype).transpose(1, 2).contiguous(), None  # (B, T, H, Dv)
+
+
+def softmax_input(logits: torch.Tensor, ctx: TileContext) -> torch.Tensor:
+    """A tile as it enters softmax: soft-capped, cap·tanh(logits/cap), when the model caps; plus any additive mask."""
+    if ctx.softcap is not None:
+        logits = torch.tanh(logits / ctx.softcap) * ctx.softcap
+    return logits if ctx.bias is None else logits + ctx.bias
+
+
+def attention_probs(logits: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over whole rows (B, H, rows, S) of softmax input; sinks (H,) add one logit per head to each denominator."""
+    if sinks is None:
+        return torch.softmax(logits, dim=-1)
+    b, h, rows, _ = logits.shape
+    sink_column = sinks.to(logits).view(1, h, 1, 1).expand(b, h, rows, 1)
+    return torch.softmax(torch.cat([logits, sink_column], dim=-1), dim=-1)[..., :-1]
 
 
 def _valid_mask(

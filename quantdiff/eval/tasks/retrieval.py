@@ -92,10 +92,12 @@ def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> l
     if not modules:
         raise DataError("attention scores need a model loaded with quantdiff (no attention taps found)")
     tiles: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    sinks: dict[int, torch.Tensor | None] = {}
 
     def keep_last_rows(tap: attention.Tap, args: tuple, logits: torch.Tensor) -> None:
         ctx = args[1]
-        last = logits.float().masked_fill(~ctx.valid.expand_as(logits), float("-inf"))[:, :, -rows:]  # (B, H, ≤rows, cols)
+        sinks[ctx.layer_idx] = ctx.sinks
+        last = attention.softmax_input(logits.float(), ctx).masked_fill(~ctx.valid.expand_as(logits), float("-inf"))[:, :, -rows:]  # (B, H, ≤rows, cols)
         # A tile may start below some of the wanted rows (queries before its first key): those see none of it.
         last = F.pad(last, (0, 0, rows - last.shape[2], 0), value=float("-inf"))  # (B, H, rows, cols)
         tiles.setdefault(ctx.layer_idx, []).append((ctx.k_start, last))
@@ -110,7 +112,7 @@ def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> l
     maps = []
     for module in sorted(modules, key=lambda m: m.quantdiff_tap.layer_idx):
         logits = torch.cat([t for _, t in sorted(tiles[module.quantdiff_tap.layer_idx], key=lambda kt: kt[0])], dim=-1)  # (B, H, rows, S)
-        probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # padding rows attend to nothing
+        probs = attention.attention_probs(logits, sinks[module.quantdiff_tap.layer_idx]).nan_to_num(0.0)  # padding rows attend to nothing
         if module.quantdiff_tap.differential:
             lam = structure.differential_lambda(module)
             a1, a2 = probs.chunk(2, dim=1)  # (B, H/2, rows, S) each: head i pairs with head i + H/2

@@ -78,12 +78,14 @@ def load_config(path: str | Path, trust_remote_code: bool = False):
     return config
 
 
-def _check_uses_registry(config) -> None:
-    """Refuse, by name, architectures whose attention bypasses transformers' attention registry."""
-    cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
+def _check_uses_registry(config, cls: type | None = None) -> None:
+    """Refuse, by name, architectures whose attention bypasses transformers' attention registry: those that
+    neither declare support for attention backends nor declare their attention modules for recording."""
+    cls = cls or AutoModelForCausalLM._model_mapping.get(type(config), None)
     if cls is None:
         return  # remote code: the coverage check of every run finds attention that bypasses the backend
-    if not (getattr(cls, "_can_record_outputs", None) or {}).get("attentions"):
+    declared = (getattr(cls, "_can_record_outputs", None) or {}).get("attentions")
+    if not (getattr(cls, "_supports_attention_backend", False) or declared):
         raise LoadError(f"unsupported architecture {config.model_type!r}: its attention does not use transformers' registry")
 
 
@@ -122,7 +124,7 @@ def load(
 
 def prepare(model: PreTrainedModel, tile_size: int | None = attention.DEFAULT_TILE_SIZE) -> PreTrainedModel:
     """Switch an in-memory model to the quantdiff backend, attach taps, eval mode."""
-    _check_uses_registry(model.config)
+    _check_uses_registry(model.config, type(model))
     attention.register()
     model.set_attn_implementation(attention.BACKEND_NAME)
     attention.attach_taps(model)  # LoadError when the model declares no attention modules

@@ -21,10 +21,24 @@ from quantdiff.attention.backend import TileContext
 from quantdiff.data.sources import Batch
 from quantdiff.attention.coverage import Coverage, tracking
 from quantdiff.attention.observe import observe
+from quantdiff.core.errors import ConfigError
 from quantdiff.models import structure
 from quantdiff.stats.engine import LOGIT_LOCATION, AbsStats, ModelStats
 
 DEFAULT_K = 100
+
+
+def _check_one_attention_per_layer(model: nn.Module) -> int:
+    """The statistics index logits and hidden states by one layer axis: refuse hybrids (some layers without
+    softmax attention) by name. Returns the number of layers."""
+    tap_layers = [tap.layer_idx for tap in attention.taps(model)]
+    decoder = len(structure.decoder_layers(model))
+    if tap_layers != list(range(decoder)):
+        raise ConfigError(
+            f"{structure.model_label(model)}: statistics need softmax attention in every decoder layer; "
+            f"{decoder} decoder layers have attention modules at layers {tap_layers[:8]}{' …' if len(tap_layers) > 8 else ''}"
+        )
+    return decoder
 
 
 @dataclass
@@ -43,13 +57,14 @@ class StatsCollector:
     def __init__(self, model: nn.Module, k: int = DEFAULT_K, compile: bool | None = None) -> None:
         config = model.config
         device = next(model.parameters()).device
-        layers, heads = len(attention.taps(model)), config.num_attention_heads
+        layers, heads = _check_one_attention_per_layer(model), config.num_attention_heads
         self.stats = ModelStats.empty(layers, heads, config.hidden_size, structure.model_head_maps(model), k, device)
         # Capped logits get their own block: the paper's logits are QKᵀ·scaling before any capping.
         self.capped = AbsStats.empty(layers * heads, k, LOGIT_LOCATION, device) if structure.logit_softcap(config) else None
         # Compiled per-element kernels pay off on CUDA; on CPU the one-off compile outweighs them for short runs.
         self.stats.logits.fused = self.stats.hidden.fused = device.type == "cuda" if compile is None else compile
         self.batch: Batch | None = None
+        self.label = structure.model_label(model)
 
     def on_logits(self, logits: torch.Tensor, ctx: TileContext) -> None:
         b, h, rows, cols = logits.shape
@@ -71,6 +86,8 @@ class StatsCollector:
             self.capped.update(capped.reshape(b, h, rows * cols), ctx.layer_idx * h, valid, locate)
 
     def on_hidden(self, layer: int, hidden: torch.Tensor) -> None:
+        if hidden.dim() != 3 or hidden.shape[-1] != self.stats.hidden_size:
+            raise ConfigError(f"{self.label}: decoder layer {layer} returns hidden states of shape {tuple(hidden.shape)}, not (batch, tokens, {self.stats.hidden_size})")
         b, t, d = hidden.shape
         mask = self.batch.attention_mask
         valid = None if mask is None else mask.bool().view(b, 1, t, 1).expand(b, 1, t, d).reshape(b, 1, t * d)

@@ -276,6 +276,7 @@ def test_stats_sweep_and_quantize_end_to_end(model_type, tmp_path, capsys):
     run("stats", model_dir, "--data", text, "--tokens", "200", "--seq-len", "16", "--tile-size", "5", "--json", tmp_path / "s.json", "--quiet", "--device", "cpu")
     entry = json.loads((tmp_path / "s.json").read_text())["models"][0]
     assert entry["coverage"]["complete"] and entry["coverage"]["attention_reached"] == TINY["num_hidden_layers"]
+    assert entry["trust_remote_code"] is False and entry["coverage"]["allow_partial"] is False
     assert entry["attention_logits"]["count"] > 0
     capped = entry.get("attention_logits_capped")
     if model_type == "gemma2":  # the capped values that enter softmax: never above the cap, never above the raw logits

@@ -122,7 +122,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
             del loaded
             if stats is not None:
                 named.append((model.name, stats))
-                entries.append(_with_definitions(model_entry(model.name, str(model.path), stats), collected, capped))
+                entries.append(_with_definitions(model_entry(model.name, str(model.path), stats), collected, capped, options))
     if rank != 0:
         return None
     doc = document(entries, {
@@ -133,8 +133,6 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
         "k": options.k,
         "tile_size": options.tile_size,
         "world_size": world,
-        "trust_remote_code": options.trust_remote_code,
-        "allow_partial": options.allow_partial,
     })
     if options.json_path is not None:
         write_json(options.json_path, doc)
@@ -147,10 +145,12 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     return doc
 
 
-def _with_definitions(entry: dict, collected, capped) -> dict:
-    """What the run reached and, for soft-capping models, the capped logits that enter softmax as their own block
-    (`attention_logits` stays QKᵀ·scaling before capping, the paper's definition)."""
-    entry["coverage"] = collected.coverage.to_dict()
+def _with_definitions(entry: dict, collected, capped, options: StatsOptions) -> dict:
+    """What the run reached (and whether a partial run was allowed), whether the model's own code ran, and, for
+    soft-capping models, the capped logits that enter softmax as their own block (`attention_logits` stays
+    QKᵀ·scaling before capping, the paper's definition)."""
+    entry["coverage"] = {**collected.coverage.to_dict(), "allow_partial": options.allow_partial}
+    entry["trust_remote_code"] = options.trust_remote_code
     if capped is not None:
         entry["attention_logits_capped"] = capped.pooled().summary()
     return entry

@@ -9,7 +9,7 @@ import typer
 
 
 def quantize(
-    model: Annotated[str, typer.Argument(help="Model directory or built-in name (e.g. tiny/diff).")],
+    model: Annotated[str, typer.Argument(help="Model directory, built-in name (e.g. tiny/diff) or hub id (org/name).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory (written atomically).")],
     bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4.")] = "4",
     method: Annotated[str, typer.Option("--method", help="absmax (packed, ours), llm-int8, nf4 or fp4 (bitsandbytes layouts).")] = "absmax",
@@ -24,6 +24,7 @@ def quantize(
     context: Annotated[Optional[int], typer.Option("--context", help="Tokens per window (lm) or document (retrieval) for --eval.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="--eval on the first N items only.")] = None,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept decoder layers without an nn.Linear to quantize.")] = False,
+    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit) when MODEL is a hub id.")] = None,
 ) -> None:
     """Quantize the linear weights inside the decoder layers and write a complete model directory."""
     from rich.console import Console
@@ -48,7 +49,7 @@ def quantize(
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be positive, got {limit}")
-    sources = resolve(model)
+    sources = resolve(model, revision)
     if len(sources) != 1:
         raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
     tokenizer = load_tokenizer(sources[0]) if task is not None else None

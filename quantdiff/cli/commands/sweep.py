@@ -27,7 +27,7 @@ RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the mo
 
 
 def sweep(
-    models: Annotated[list[str], typer.Argument(help="Model directories or zoo names ('tiny' = the shipped standard and Diff pair).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, zoo names ('tiny' = the shipped standard and Diff pair) or hub ids (org/name, org/name@revision).")],
     task: TaskOpt = "choice",
     bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
     method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",

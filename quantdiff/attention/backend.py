@@ -254,21 +254,10 @@ def _tiled_attention(
         valid = _valid_mask(mask, q_pos_all[q_first:], q_first, k_start, k_stop, args.sliding_window)
         return logits, valid
 
-    tensor_absmax = row_absmax = None
-    reuse = None  # with a single tile, the pre-pass logits are the main pass's logits
+    tensor_absmax = row_absmax = reuse = None
     if getattr(tap.logits_quantizer, "needs_absmax", False):
         if "absmax" not in state:
-            row_absmax = torch.zeros(b, h, t, 1, device=device)
-            for k_start, k_stop, q_first in tiles:
-                logits, valid = logits_of(k_start, k_stop, q_first)
-                if len(tiles) == 1:
-                    reuse = (logits, valid)
-                    logits = logits.abs()
-                else:
-                    logits.abs_()  # a throwaway tile: in place saves an allocation per tile
-                tile_max = logits.masked_fill_(~valid, 0.0).amax(dim=-1, keepdim=True)
-                row_absmax[:, :, q_first:] = torch.maximum(row_absmax[:, :, q_first:], tile_max)
-            state["absmax"] = (row_absmax.amax(dim=(1, 2, 3), keepdim=True), row_absmax)
+            state["absmax"], reuse = _absmax_prepass(tiles, logits_of, (b, h, t, 1), device)
         tensor_absmax, row_absmax = state["absmax"]
 
     # Online softmax state, float32: running max m, normaliser l, unnormalised output acc. A sink is one more
@@ -306,6 +295,23 @@ def _tiled_attention(
         m[:, :, q_first:] = m_new
     out = acc / l.clamp_min(torch.finfo(torch.float32).tiny)  # fully masked rows (padding) give 0, not NaN
     return out.to(query.dtype).transpose(1, 2).contiguous(), None  # (B, T, H, Dv)
+
+
+def _absmax_prepass(tiles: list, logits_of: Callable, shape: tuple, device: torch.device) -> tuple[tuple, tuple | None]:
+    """((tensor absmax (B,1,1,1), row absmax (B,H,T,1)) of the valid logits, the single tile's (logits, valid)
+    to reuse in the main pass when there is only one tile, else None)."""
+    row_absmax = torch.zeros(shape, device=device)
+    reuse = None
+    for k_start, k_stop, q_first in tiles:
+        logits, valid = logits_of(k_start, k_stop, q_first)
+        if len(tiles) == 1:
+            reuse = (logits, valid)
+            logits = logits.abs()
+        else:
+            logits.abs_()  # a throwaway tile: in place saves an allocation per tile
+        tile_max = logits.masked_fill_(~valid, 0.0).amax(dim=-1, keepdim=True)
+        row_absmax[:, :, q_first:] = torch.maximum(row_absmax[:, :, q_first:], tile_max)
+    return (row_absmax.amax(dim=(1, 2, 3), keepdim=True), row_absmax), reuse
 
 
 def softmax_input(logits: torch.Tensor, ctx: TileContext) -> torch.Tensor:

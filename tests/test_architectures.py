@@ -378,3 +378,19 @@ def test_retrieval_attention_maps_equal_eager_probabilities(model_type):
     for layer, (got, want) in enumerate(zip(maps, eager)):
         diff = (got - want[:, :, -3:]).abs().max().item()
         assert diff <= 1e-5, f"{model_type} layer {layer}: max |Δ probability| {diff:.2e}"
+
+
+def test_structure_comes_from_the_models_declarations():
+    from quantdiff.models import structure
+
+    gpt2 = _tiny("gpt2", {"add_cross_attention": True})  # cross-attention modules are of the same class: not self-attention
+    assert [name for name, _ in structure.attention_modules(gpt2)] == ["transformer.h.0.attn", "transformer.h.1.attn"]
+    assert [name for name, _ in structure.decoder_layers(gpt2)] == ["transformer.h.0", "transformer.h.1"]
+    neox = _tiny("gpt_neox", {})
+    assert [name for name, _ in structure.attention_modules(neox)] == ["gpt_neox.layers.0.attention", "gpt_neox.layers.1.attention"]
+    diff, llama = _tiny("diffllama", {}), _tiny("llama", {})
+    assert structure.model_head_maps(diff) == [1, 1, 2, 2] and structure.model_head_maps(llama) is None
+    module = structure.attention_modules(diff)[1][1]
+    dot = lambda q, k: float((q * k).sum())  # noqa: E731
+    want = math.exp(dot(module.lambda_q1, module.lambda_k1)) - math.exp(dot(module.lambda_q2, module.lambda_k2)) + 0.8 - 0.6 * math.exp(-0.3)
+    assert structure.differential_lambda(module) == pytest.approx(want, rel=1e-6)  # the paper's λ_init for layer index 1

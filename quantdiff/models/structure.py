@@ -18,8 +18,9 @@ from quantdiff.core.errors import LoadError
 DIFFERENTIAL_MODEL_TYPES = frozenset({"diffllama"})
 
 
-def _recorders(model: nn.Module, key: str) -> list[tuple[type, str | None]]:
-    """(class, layer-name suffix or None) declared under `_can_record_outputs[key]` of the model or its base."""
+def _recorders(model: nn.Module, key: str) -> list[tuple[type | str, str | None]]:
+    """(class or class-name suffix, layer-name suffix or None) declared under `_can_record_outputs[key]` of the
+    model or its base."""
     declared = getattr(model, "_can_record_outputs", None) or getattr(getattr(model, "base_model", None), "_can_record_outputs", None) or {}
     entry = declared.get(key)
     entries = entry if isinstance(entry, (list, tuple)) else [entry] if entry is not None else []
@@ -29,15 +30,18 @@ def _recorders(model: nn.Module, key: str) -> list[tuple[type, str | None]]:
             out.append((item, None))
         elif getattr(item, "target_class", None) is not None:  # transformers' OutputRecorder
             out.append((item.target_class, item.layer_name))
+        elif getattr(item, "class_name", None):  # an OutputRecorder naming its class
+            out.append((item.class_name, item.layer_name))
     return out
 
 
-def _matching(model: nn.Module, declared: list[tuple[type, str | None]]) -> list[tuple[str, nn.Module]]:
-    return [
-        (name, module)
-        for name, module in model.named_modules()
-        if any(isinstance(module, cls) and (suffix is None or name.endswith(suffix)) for cls, suffix in declared)
-    ]
+def _is_declared(module: nn.Module, name: str, cls: type | str, suffix: str | None) -> bool:
+    of_class = isinstance(module, cls) if isinstance(cls, type) else type(module).__name__.endswith(cls)
+    return of_class and (suffix is None or name.endswith(suffix))
+
+
+def _matching(model: nn.Module, declared: list[tuple[type | str, str | None]]) -> list[tuple[str, nn.Module]]:
+    return [(name, module) for name, module in model.named_modules() if any(_is_declared(module, name, *d) for d in declared)]
 
 
 def model_label(model: nn.Module) -> str:

@@ -86,6 +86,13 @@ def model_head_maps(model: nn.Module) -> list[int] | None:
     return head_maps(model.config.num_attention_heads) if is_differential(model) else None
 
 
+def differential_map(probs: torch.Tensor, lam: float) -> torch.Tensor:
+    """(A1 − λ·A2)/(1 − λ) of per-head attention probabilities (B, H, …): map 1 is heads [0, H/2), map 2 the rest,
+    head i pairing with head i + H/2 (as `head_maps` says). Returns (B, H/2, …)."""
+    a1, a2 = probs.chunk(2, dim=1)
+    return (a1 - lam * a2) / (1 - lam)
+
+
 def differential_lambda(module: nn.Module) -> float:
     """λ = exp(λq1·λk1) − exp(λq2·λk2) + λinit, as DiffLlama (and the paper) computes it per layer."""
     dot = lambda q, k: torch.sum(q.float() * k.float())  # noqa: E731

@@ -114,9 +114,7 @@ def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> l
         logits = torch.cat([t for _, t in sorted(tiles[module.quantdiff_tap.layer_idx], key=lambda kt: kt[0])], dim=-1)  # (B, H, rows, S)
         probs = attention.attention_probs(logits, sinks[module.quantdiff_tap.layer_idx]).nan_to_num(0.0)  # padding rows attend to nothing
         if module.quantdiff_tap.differential:
-            lam = structure.differential_lambda(module)
-            a1, a2 = probs.chunk(2, dim=1)  # (B, H/2, rows, S) each: head i pairs with head i + H/2
-            probs = (a1 - lam * a2) / (1 - lam)
+            probs = structure.differential_map(probs, structure.differential_lambda(module))  # (B, H/2, rows, S)
         maps.append(probs)
     return maps
 

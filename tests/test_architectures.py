@@ -37,7 +37,7 @@ TINY = dict(
 WINDOW = 4  # shorter than the sequence, so windows really cut keys off
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 MLA = dict(
-    kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=12, num_key_value_heads=4,
+    kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=16, num_key_value_heads=4,  # V wider than Q·K (12)
     n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1, moe_intermediate_size=16,
 )
 # model_type -> config overrides. Sliding windows, soft-capping, sinks, MLA, fused QKV and differential
@@ -394,3 +394,11 @@ def test_structure_comes_from_the_models_declarations():
     dot = lambda q, k: float((q * k).sum())  # noqa: E731
     want = math.exp(dot(module.lambda_q1, module.lambda_k1)) - math.exp(dot(module.lambda_q2, module.lambda_k2)) + 0.8 - 0.6 * math.exp(-0.3)
     assert structure.differential_lambda(module) == pytest.approx(want, rel=1e-6)  # the paper's λ_init for layer index 1
+
+
+def test_non_causal_attention_without_a_mask_is_refused():
+    model = prepare(_tiny("llama", {}))
+    module = next(m for m in model.modules() if isinstance(getattr(m, "quantdiff_tap", None), attention.Tap))
+    q = torch.zeros(1, 4, 3, 8)
+    with pytest.raises(QuantdiffError, match="non-causal"):
+        attention.quantdiff_attention_forward(module, q, q[:, :2], q[:, :2], None, scaling=1.0, is_causal=False)

@@ -3,7 +3,9 @@
 `collect_stats(model, batches)` is the Python API (used by `quantdiff stats` and `quantdiff reproduce`):
 hooks from `observe` feed every logits tile and every decoder layer's output into the statistics, which
 stay on the model's device. Under `torchrun` each rank takes whole batches round-robin (`data.shard`) and
-rank 0 merges the gathered statistics exactly.
+rank 0 merges the gathered statistics exactly. Every run checks that each attention module and decoder layer
+was reached (`collect` returns that coverage), and models that soft-cap their logits also get statistics of the
+capped values that enter softmax.
 """
 
 from __future__ import annotations

@@ -391,7 +391,7 @@ def test_structure_comes_from_the_models_declarations():
     diff, llama = _tiny("diffllama", {}), _tiny("llama", {})
     assert structure.model_head_maps(diff) == [1, 1, 2, 2] and structure.model_head_maps(llama) is None
     module = structure.attention_modules(diff)[1][1]
-    dot = lambda q, k: float((q * k).sum())  # noqa: E731
+    dot = lambda q, k: float((q * k).sum().detach())  # noqa: E731
     want = math.exp(dot(module.lambda_q1, module.lambda_k1)) - math.exp(dot(module.lambda_q2, module.lambda_k2)) + 0.8 - 0.6 * math.exp(-0.3)
     assert structure.differential_lambda(module) == pytest.approx(want, rel=1e-6)  # the paper's λ_init for layer index 1
 

@@ -95,7 +95,7 @@ def differential_map(probs: torch.Tensor, lam: float) -> torch.Tensor:
 
 def differential_lambda(module: nn.Module) -> float:
     """λ = exp(λq1·λk1) − exp(λq2·λk2) + λinit, as DiffLlama (and the paper) computes it per layer."""
-    dot = lambda q, k: torch.sum(q.float() * k.float())  # noqa: E731
+    dot = lambda q, k: torch.sum(q.detach().float() * k.detach().float())  # noqa: E731
     return float(torch.exp(dot(module.lambda_q1, module.lambda_k1)) - torch.exp(dot(module.lambda_q2, module.lambda_k2)) + module.lambda_init)
 
 

@@ -6,7 +6,10 @@ it the mask silently arrives as None). Every attention module gets a `Tap` submo
 operands and logits. Memory grows with T·tile, never T², because softmax is computed online
 (flash-attention style running max and sum) across key tiles.
 
-When a tap has no hooks and no quantizer the backend takes transformers' SDPA path: same outputs, faster.
+When a tap has no hooks and no quantizer the backend takes transformers' SDPA path: same outputs, faster —
+except for models that soft-cap logits or add attention sinks, which SDPA cannot express: they always run tiled.
+Every keyword argument a model passes is either implemented (scaling, dropout in eval, sliding_window,
+softcap, s_aux sinks), known to carry no semantics for the attention math (`NEUTRAL_KWARGS`), or refused.
 """
 
 from __future__ import annotations
@@ -21,8 +24,17 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from quantdiff.core.errors import ConfigError
+from quantdiff.models import structure
+
 BACKEND_NAME = "quantdiff"
 DEFAULT_TILE_SIZE = 512
+# Arguments transformers passes along to attention functions that do not change what attention computes.
+NEUTRAL_KWARGS = frozenset({
+    "position_ids", "cache_position", "use_cache", "output_attentions", "output_hidden_states",
+    "output_router_logits", "return_dict", "past_key_values", "past_key_value", "token_type_ids",
+})
+IMPLEMENTED_KWARGS = frozenset({"sliding_window", "softcap", "s_aux", "is_causal"})
 
 
 @dataclass
@@ -41,6 +53,26 @@ class TileContext:
     head_map: torch.Tensor | None  # (H,) 1 or 2 for differential maps, None for standard attention
     tensor_absmax: torch.Tensor | None = None  # (B,1,1,1) max |valid logit| over all heads and tiles
     row_absmax: torch.Tensor | None = None  # (B,H,rows,1) max |valid logit| of each query row over all tiles
+    # The softmax input is softcap·tanh(logits/softcap) when softcap is set, and the denominator also holds
+    # exp(sinks[h]) per head when sinks are set: what an observer needs to reconstruct the probabilities.
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None  # (H,) float32
+    bias: torch.Tensor | None = None  # additive float mask values of the tile (Doge's dynamic mask), added last
+
+
+@dataclass(frozen=True)
+class AttentionArgs:
+    """The semantic keyword arguments of one attention call, checked against what the backend implements."""
+
+    scaling: float
+    sliding_window: int | None = None
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None  # (H,)
+
+    @property
+    def sdpa_exact(self) -> bool:
+        """SDPA ignores soft-capping and sinks: only without them is it the same attention."""
+        return self.softcap is None and self.sinks is None
 
 
 class Tap(nn.Module):
@@ -53,6 +85,7 @@ class Tap(nn.Module):
         self.tile_size: int | None = DEFAULT_TILE_SIZE  # None: one tile spanning all keys
         self.logits_quantizer: Callable[[torch.Tensor, TileContext], torch.Tensor] | None = None
         self.operand_quantizer: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.calls = 0  # attention calls that reached the backend: coverage checks read it
 
     def forward(self, logits: torch.Tensor, ctx: TileContext) -> torch.Tensor:
         if self.logits_quantizer is None:
@@ -68,19 +101,14 @@ class Tap(nn.Module):
         return f"layer={self.layer_idx}, differential={self.differential}, tile_size={self.tile_size}"
 
 
-def is_differential(module: nn.Module) -> bool:
-    """DiffLlama-style attention: heads i and i + H/2 form the two maps of one differential head."""
-    return hasattr(module, "lambda_q1") and hasattr(module, "lambda_k1")
-
-
 def attach_taps(model: nn.Module) -> list[Tap]:
-    """Give every attention module of a transformers model a Tap (idempotent)."""
+    """Give every attention module the model declares a Tap (idempotent); LoadError if it declares none."""
+    differential = structure.is_differential(model)
     out = []
-    for module in model.modules():
-        if _is_attention_module(module):
-            if not isinstance(getattr(module, "quantdiff_tap", None), Tap):
-                module.quantdiff_tap = Tap(module.layer_idx, is_differential(module))
-            out.append(module.quantdiff_tap)
+    for _, module in structure.attention_modules(model):
+        if not isinstance(getattr(module, "quantdiff_tap", None), Tap):
+            module.quantdiff_tap = Tap(module.layer_idx, differential)
+        out.append(module.quantdiff_tap)
     return out
 
 
@@ -96,11 +124,6 @@ def set_tile_size(model: nn.Module, tile_size: int | None) -> None:
         tap.tile_size = tile_size
 
 
-def _is_attention_module(module: nn.Module) -> bool:
-    # Attention modules in transformers carry their layer index and a q projection; decoder layers don't.
-    return type(module).__name__.endswith("Attention") and hasattr(module, "layer_idx") and hasattr(module, "q_proj")
-
-
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(B, Hkv, S, D) -> (B, Hkv·n_rep, S, D), each KV head serving n_rep consecutive query heads."""
     if n_rep == 1:
@@ -109,13 +132,13 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(b, hkv, n_rep, s, d).reshape(b, hkv * n_rep, s, d)
 
 
-def _repeat_state(module: nn.Module, query: torch.Tensor, key: torch.Tensor) -> dict | None:
+def _repeat_state(module: nn.Module, tap: Tap, query: torch.Tensor, key: torch.Tensor) -> dict | None:
     """DiffLlama calls attention twice per layer with the *same* Q and K tensors (once per half of V).
 
     Returns the state the first call left (quantized operands, logits absmax) on the repeat call, else None and
     starts a new state. Taps must see each logit once, so the repeat call runs quantizers without hooks.
     """
-    if not is_differential(module):
+    if not tap.differential:
         return None
     last = getattr(module, "_quantdiff_last_call", None)
     if last is not None and last["query"] is query and last["key"] is key:
@@ -123,6 +146,28 @@ def _repeat_state(module: nn.Module, query: torch.Tensor, key: torch.Tensor) -> 
         return last
     module._quantdiff_last_call = {"query": query, "key": key}
     return None
+
+
+def attention_args(module: nn.Module, query: torch.Tensor, attention_mask, scaling: float | None, kwargs: dict) -> AttentionArgs:
+    """The call's semantics; ConfigError naming the model and the argument for anything not implemented."""
+    label = structure.model_label(module)
+    for name in kwargs:
+        if name not in NEUTRAL_KWARGS and name not in IMPLEMENTED_KWARGS:
+            raise ConfigError(f"{label}: the quantdiff attention backend does not implement the attention argument {name!r}")
+    if attention_mask is None and not kwargs.get("is_causal", getattr(module, "is_causal", True)):
+        raise ConfigError(f"{label}: the quantdiff attention backend does not implement non-causal attention without a mask")
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        sinks = sinks.detach().float().reshape(-1)
+        if sinks.numel() != query.shape[1]:
+            raise ConfigError(f"{label}: attention sinks (s_aux) must hold one logit per head, got {sinks.numel()} for {query.shape[1]} heads")
+    softcap = kwargs.get("softcap")
+    return AttentionArgs(
+        scaling=query.shape[-1] ** -0.5 if scaling is None else float(scaling),
+        sliding_window=kwargs.get("sliding_window") or None,
+        softcap=float(softcap) if softcap else None,
+        sinks=sinks,
+    )
 
 
 def quantdiff_attention_forward(
@@ -137,23 +182,38 @@ def quantdiff_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention-function signature; returns ((B, T, H, Dv), None)."""
     tap: Tap | None = getattr(module, "quantdiff_tap", None)
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    if tap is None or (tap.operand_quantizer is None and not tap.needs_logits) or dropout > 0.0:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    args = attention_args(module, query, attention_mask, scaling, kwargs)
+    sdpa_kwargs = {k: v for k, v in kwargs.items() if k in NEUTRAL_KWARGS or k in ("sliding_window", "is_causal")}
+    if tap is not None:
+        tap.calls += 1
+    plain = tap is None or (tap.operand_quantizer is None and not tap.needs_logits)
+    if plain and args.sdpa_exact:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=args.scaling, **sdpa_kwargs)
+    if dropout > 0.0:
+        raise ConfigError(f"{structure.model_label(module)}: the tiled attention path does not implement attention dropout (training mode)")
+    tap = tap or Tap(getattr(module, "layer_idx", 0), differential=False)  # a module without a tap: no hooks, one tile
 
-    repeat = _repeat_state(module, query, key)
+    repeat = _repeat_state(module, tap, query, key)
     state = repeat if repeat is not None else getattr(module, "_quantdiff_last_call", None) or {}
     if tap.operand_quantizer is not None:
         if "operands" not in state:
             state["operands"] = tap.operand_quantizer(query, key)
         query, key = state["operands"]
     # A Diff repeat call shows its hooks nothing, so without a logits quantizer SDPA gives the same output faster.
-    if not tap.needs_logits or (repeat is not None and tap.logits_quantizer is None):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling, **kwargs)
-    if attention_mask is not None and attention_mask.dtype != torch.bool:
-        attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2  # additive float mask -> bool
-    return _tiled_attention(tap, query, key, value, attention_mask, scaling, state, observe=repeat is None)
+    if args.sdpa_exact and (not tap.needs_logits or (repeat is not None and tap.logits_quantizer is None)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=args.scaling, **sdpa_kwargs)
+    attention_mask, bias = _split_mask(attention_mask)
+    return _tiled_attention(tap, query, key, value, attention_mask, bias, args, state, observe=repeat is None)
+
+
+def _split_mask(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """An additive float mask -> (bool mask, additive bias or None): most models' finite entries are all 0,
+    but some (Doge) add learned values to the logits through the mask, which softmax must still see."""
+    if mask is None or mask.dtype == torch.bool:
+        return mask, None
+    valid = mask > torch.finfo(mask.dtype).min / 2
+    bias = mask.masked_fill(~valid, 0.0)
+    return valid, (bias.float() if bool(bias.any()) else None)
 
 
 def _tiled_attention(
@@ -162,23 +222,22 @@ def _tiled_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     mask: torch.Tensor | None,
-    scaling: float,
+    bias: torch.Tensor | None,
+    args: AttentionArgs,
     state: dict,
     observe: bool,
 ) -> tuple[torch.Tensor, None]:
     """Online-softmax attention over key tiles; `state` carries the logits absmax to a Diff repeat call."""
     b, h, t, _ = query.shape
     s = key.shape[2]
-    n_rep = h // key.shape[1]
-    key = repeat_kv(key, n_rep)  # (B, H, S, D)
+    key = repeat_kv(key, h // key.shape[1])  # (B, H, S, D)
     value = repeat_kv(value, h // value.shape[1])  # (B, H, S, Dv)
     tile = tap.tile_size or s
     offset = s - t  # queries are the last t positions (a KV cache holds the first s - t)
     device = query.device
     q_pos_all = torch.arange(offset, s, device=device)
-    head_map = None
-    if tap.differential:
-        head_map = torch.cat([torch.ones(h // 2, dtype=torch.long), torch.full((h - h // 2,), 2, dtype=torch.long)]).to(device)
+    head_map = torch.tensor(structure.head_maps(h), device=device) if tap.differential else None
+    sinks = None if args.sinks is None else args.sinks.to(device)
     call_tap = tap if observe else tap.forward  # a bound forward skips hooks: the repeat call must not be counted twice
 
     tiles = []
@@ -191,30 +250,24 @@ def _tiled_attention(
 
     def logits_of(k_start: int, k_stop: int, q_first: int) -> tuple[torch.Tensor, torch.Tensor]:
         q = query[:, :, q_first:]
-        logits = torch.matmul(q, key[:, :, k_start:k_stop].transpose(2, 3)).float() * scaling  # (B, H, rows, cols)
-        valid = _valid_mask(mask, q_pos_all[q_first:], q_first, k_start, k_stop, device)
+        logits = torch.matmul(q, key[:, :, k_start:k_stop].transpose(2, 3)).float() * args.scaling  # (B, H, rows, cols)
+        valid = _valid_mask(mask, q_pos_all[q_first:], q_first, k_start, k_stop, args.sliding_window)
         return logits, valid
 
-    tensor_absmax = row_absmax = None
-    reuse = None  # with a single tile, the pre-pass logits are the main pass's logits
+    tensor_absmax = row_absmax = reuse = None
     if getattr(tap.logits_quantizer, "needs_absmax", False):
         if "absmax" not in state:
-            row_absmax = torch.zeros(b, h, t, 1, device=device)
-            for k_start, k_stop, q_first in tiles:
-                logits, valid = logits_of(k_start, k_stop, q_first)
-                if len(tiles) == 1:
-                    reuse = (logits, valid)
-                    logits = logits.abs()
-                else:
-                    logits.abs_()  # a throwaway tile: in place saves an allocation per tile
-                tile_max = logits.masked_fill_(~valid, 0.0).amax(dim=-1, keepdim=True)
-                row_absmax[:, :, q_first:] = torch.maximum(row_absmax[:, :, q_first:], tile_max)
-            state["absmax"] = (row_absmax.amax(dim=(1, 2, 3), keepdim=True), row_absmax)
+            state["absmax"], reuse = _absmax_prepass(tiles, logits_of, (b, h, t, 1), device)
         tensor_absmax, row_absmax = state["absmax"]
 
-    # Online softmax state, float32: running max m, normaliser l, unnormalised output acc.
-    m = torch.full((b, h, t, 1), -math.inf, device=device)
-    l = torch.zeros(b, h, t, 1, device=device)
+    # Online softmax state, float32: running max m, normaliser l, unnormalised output acc. A sink is one more
+    # logit per head in every row's denominator, with no value: it starts the running max and sum.
+    if sinks is None:
+        m = torch.full((b, h, t, 1), -math.inf, device=device)
+        l = torch.zeros(b, h, t, 1, device=device)
+    else:
+        m = sinks.view(1, h, 1, 1).expand(b, h, t, 1).clone()
+        l = torch.ones(b, h, t, 1, device=device)
     acc = torch.zeros(b, h, t, value.shape[-1], device=device)
     for k_start, k_stop, q_first in tiles:
         logits, valid = reuse if reuse is not None else logits_of(k_start, k_stop, q_first)
@@ -227,8 +280,11 @@ def _tiled_attention(
             head_map=head_map,
             tensor_absmax=tensor_absmax,
             row_absmax=None if row_absmax is None else row_absmax[:, :, q_first:],
+            softcap=args.softcap,
+            sinks=sinks,
+            bias=None if bias is None else bias[:, :, q_first:, k_start:k_stop],
         )
-        logits = call_tap(logits, ctx).masked_fill(~valid, -math.inf)
+        logits = softmax_input(call_tap(logits, ctx), ctx).masked_fill(~valid, -math.inf)  # taps see QKᵀ·scaling before capping
         m_old = m[:, :, q_first:]
         m_new = torch.maximum(m_old, logits.amax(dim=-1, keepdim=True))
         safe_m = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with nothing valid yet
@@ -241,13 +297,52 @@ def _tiled_attention(
     return out.to(query.dtype).transpose(1, 2).contiguous(), None  # (B, T, H, Dv)
 
 
+def _absmax_prepass(tiles: list, logits_of: Callable, shape: tuple, device: torch.device) -> tuple[tuple, tuple | None]:
+    """((tensor absmax (B,1,1,1), row absmax (B,H,T,1)) of the valid logits, the single tile's (logits, valid)
+    to reuse in the main pass when there is only one tile, else None)."""
+    row_absmax = torch.zeros(shape, device=device)
+    reuse = None
+    for k_start, k_stop, q_first in tiles:
+        logits, valid = logits_of(k_start, k_stop, q_first)
+        if len(tiles) == 1:
+            reuse = (logits, valid)
+            logits = logits.abs()
+        else:
+            logits.abs_()  # a throwaway tile: in place saves an allocation per tile
+        tile_max = logits.masked_fill_(~valid, 0.0).amax(dim=-1, keepdim=True)
+        row_absmax[:, :, q_first:] = torch.maximum(row_absmax[:, :, q_first:], tile_max)
+    return (row_absmax.amax(dim=(1, 2, 3), keepdim=True), row_absmax), reuse
+
+
+def softmax_input(logits: torch.Tensor, ctx: TileContext) -> torch.Tensor:
+    """A tile as it enters softmax: soft-capped, cap·tanh(logits/cap), when the model caps; plus any additive mask."""
+    if ctx.softcap is not None:
+        logits = torch.tanh(logits / ctx.softcap) * ctx.softcap
+    return logits if ctx.bias is None else logits + ctx.bias
+
+
+def attention_probs(logits: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over whole rows (B, H, rows, S) of softmax input; sinks (H,) add one logit per head to each denominator."""
+    if sinks is None:
+        return torch.softmax(logits, dim=-1)
+    b, h, rows, _ = logits.shape
+    sink_column = sinks.to(logits).view(1, h, 1, 1).expand(b, h, rows, 1)
+    return torch.softmax(torch.cat([logits, sink_column], dim=-1), dim=-1)[..., :-1]
+
+
 def _valid_mask(
-    mask: torch.Tensor | None, q_pos: torch.Tensor, q_first: int, k_start: int, k_stop: int, device: torch.device
+    mask: torch.Tensor | None, q_pos: torch.Tensor, q_first: int, k_start: int, k_stop: int, window: int | None
 ) -> torch.Tensor:
+    """Causal (and, with a window, only the last `window` keys up to the query), or the model's own mask."""
+    k_pos = torch.arange(k_start, k_stop, device=q_pos.device)
     if mask is not None:
-        return mask[:, :, q_first:, k_start:k_stop]  # (B|1, 1|H, rows, cols)
-    k_pos = torch.arange(k_start, k_stop, device=device)
-    return (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, rows, cols)
+        valid = mask[:, :, q_first:, k_start:k_stop]  # (B|1, 1|H, rows, cols)
+    else:
+        valid = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, rows, cols)
+    if window is None:
+        return valid
+    # transformers' sliding window: key kv is visible to query q when kv > q - window (on the key axis)
+    return valid & (k_pos[None, :] > q_pos[:, None] - window)[None, None]
 
 
 def register() -> None:

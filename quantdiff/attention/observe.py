@@ -14,19 +14,15 @@ from torch import nn
 
 import quantdiff.attention.backend as attention
 from quantdiff.attention.backend import TileContext
+from quantdiff.models import structure
 
 LogitsHook = Callable[[torch.Tensor, TileContext], None]  # (logits (B, H, rows, cols) float32, ctx)
 HiddenHook = Callable[[int, torch.Tensor], None]  # (layer index, hidden states (B, T, D))
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The modules whose direct child is a tapped attention module, in layer order."""
-    layers = []
-    for module in model.modules():
-        tapped = [c for c in module.children() if isinstance(getattr(c, "quantdiff_tap", None), attention.Tap)]
-        if tapped:
-            layers.append((tapped[0].quantdiff_tap.layer_idx, module))
-    return [module for _, module in sorted(layers, key=lambda item: item[0])]
+    """The model's decoder layers, in model order (as the model declares them)."""
+    return [module for _, module in structure.decoder_layers(model)]
 
 
 @contextmanager

@@ -82,9 +82,11 @@ def cell_label(cell: Cell) -> str:
 CellProgress = Callable[[str, int], Callable[[float], None]]  # (label, total units) -> advance(n)
 
 
-def run_cell(model: nn.Module, name: str, task: Task, prepared: Any, config: QuantConfig | None, progress: CellProgress | None = None) -> Cell:
+def run_cell(
+    model: nn.Module, name: str, task: Task, prepared: Any, config: QuantConfig | None, progress: CellProgress | None = None, allow_partial: bool = False
+) -> Cell:
     advance = progress(f"{name} · {label(*describe(config))}", len(prepared)) if progress is not None else None
-    with quantized(model, config):
+    with quantized(model, config, allow_partial):
         metrics = task.evaluate(model, prepared, advance)
     return Cell(name, task.name, *describe(config), metrics)
 
@@ -97,9 +99,10 @@ def run_model_cells(
     configs: Sequence[QuantConfig],
     progress: CellProgress | None = None,
     include_reference: bool = True,
+    allow_partial: bool = False,
 ) -> list[Cell]:
     """One model's cells on data already prepared for its tokenizer: the reference first, then each config."""
-    return [run_cell(model, name, task, prepared, config, progress) for config in ([None] if include_reference else []) + list(configs)]
+    return [run_cell(model, name, task, prepared, config, progress, allow_partial) for config in ([None] if include_reference else []) + list(configs)]
 
 
 def run_sweep(

@@ -25,12 +25,15 @@ def run_models(
     device: str | torch.device | None,
     quiet: bool,
     include_reference: bool = True,
+    allow_partial: bool = False,
+    trust_remote_code: bool = False,
 ) -> list[Cell]:
     """Load each model in turn (only one in memory) and run its cells; every model's task data is prepared
     (and so checked) before any weights are loaded."""
     from transformers.utils import logging as transformers_logging
 
-    from quantdiff.models.loading import load, load_tokenizer
+    from quantdiff.models.loading import load_tokenizer
+    from quantdiff.quant.checkpoint import load
 
     if limit is not None and limit < 1:
         raise ConfigError(f"limit must be positive, got {limit}")
@@ -42,10 +45,10 @@ def run_models(
     cells: list[Cell] = []
     with task_bars(quiet, transient=True) as progress:
         for (name, path), tokenizer, data in zip(specs, tokenizers, prepared):
-            model = load(path, device=target)
+            model = load(path, device=target, trust_remote_code=trust_remote_code)
             if len(tokenizer) > model.config.vocab_size:
                 raise LoadError(f"{path}: the tokenizer has {len(tokenizer)} tokens, the model only {model.config.vocab_size}")
-            cells.extend(run_model_cells(name, model, task, data, configs, progress, include_reference))
+            cells.extend(run_model_cells(name, model, task, data, configs, progress, include_reference, allow_partial))
             del model
     return cells
 

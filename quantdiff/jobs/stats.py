@@ -16,8 +16,8 @@ from quantdiff.data.sources import BUILTIN_CORPUS, BUILTINS, Batch, shard
 from quantdiff.core.errors import ConfigError, DataError
 from quantdiff.core.device import resolve_device
 from quantdiff.core.progress import rate_column, task_bars
-from quantdiff.stats.collect import DEFAULT_K, collect_stats
-from quantdiff.stats.distributed import distributed_rank_world, gather_to_rank0
+from quantdiff.stats.collect import DEFAULT_K, collect
+from quantdiff.stats.distributed import distributed_rank_world, gather_capped_to_rank0, gather_to_rank0
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class StatsOptions:
     json_path: Path | None = None
     plot_dir: Path | None = None
     compile: bool | None = None  # None: on CUDA only
+    allow_partial: bool = False  # accept attention modules / decoder layers never reached (recorded as coverage)
+    trust_remote_code: bool = False
 
 
 DEFAULT_SEQ_LEN = 1024
@@ -67,7 +69,7 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
     named = resolve_models(options.models)  # the same model names as `quantdiff sweep` gives
     planned = []
     for name, path in named:
-        config = load_config(path)
+        config = load_config(path, options.trust_remote_code)
         positions = getattr(config, "max_position_embeddings", None) or DEFAULT_SEQ_LEN
         seq_len = options.seq_len or min(DEFAULT_SEQ_LEN, positions)
         if seq_len > positions:
@@ -101,7 +103,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     Returns the JSON document on rank 0, None on other ranks.
     """
     from quantdiff.core.atomic import write_json
-    from quantdiff.models.loading import load
+    from quantdiff.quant.checkpoint import load
     from quantdiff.report.stats_report import render, write_plots
     from quantdiff.stats.schema import document, model_entry
 
@@ -116,12 +118,14 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
         for model in planned:
             batches = shard(model.batches, rank, world)
             advance = start(model.name, sum(b.tokens for b in batches)) if start is not None else None
-            loaded = load(model.path, device=device, tile_size=options.tile_size)
-            stats = gather_to_rank0(collect_stats(loaded, batches, options.k, advance, options.compile), rank, world)
+            loaded = load(model.path, device=device, tile_size=options.tile_size, trust_remote_code=options.trust_remote_code)
+            collected = collect(loaded, batches, options.k, advance, options.compile, options.allow_partial)
+            stats = gather_to_rank0(collected.stats, rank, world)
+            capped = gather_capped_to_rank0(collected.capped_logits, rank, world)
             del loaded
             if stats is not None:
                 named.append((model.name, stats))
-                entries.append(model_entry(model.name, str(model.path), stats))
+                entries.append(_with_definitions(model_entry(model.name, str(model.path), stats), collected, capped, options))
     if rank != 0:
         return None
     doc = document(entries, {
@@ -142,3 +146,15 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
 
         render(doc, Console(width=None if sys.stdout.isatty() else 120), per_layer)  # pipes get full rows, not 80 columns
     return doc
+
+
+def _with_definitions(entry: dict, collected, capped, options: StatsOptions) -> dict:
+    """What the run reached (and whether a partial run was allowed), whether the model's own code ran, and, for
+    soft-capping models, the capped logits that enter softmax as their own block (`attention_logits` stays
+    QKᵀ·scaling before capping, the paper's definition)."""
+    entry["coverage"] = {**collected.coverage.to_dict(), "allow_partial": options.allow_partial}
+    entry["trust_remote_code"] = options.trust_remote_code
+    if capped is not None:
+        entry["attention_logits_capped"] = capped.pooled().summary()
+    return entry
+

@@ -1,6 +1,7 @@
 """Load a local Hugging Face causal-LM directory onto the quantdiff attention backend.
 
-Never reaches a hub (`local_files_only`), never runs remote code, never unpickles: only safetensors.
+Never reaches a hub (`local_files_only`: hub ids are resolved to cached directories by `names.resolve`),
+runs remote code only when asked (`trust_remote_code=True`), never unpickles: only safetensors.
 """
 
 from __future__ import annotations
@@ -62,15 +63,27 @@ def _check_safetensors(file: Path) -> None:
         raise LoadError(f"unreadable safetensors file {file}: {str(exc).splitlines()[0]}") from None
 
 
-def load_config(path: str | Path):
+def load_config(path: str | Path, trust_remote_code: bool = False):
     path = check_model_dir(path)
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError, OSError) as exc:
         raise LoadError(f"cannot read config.json in {path}: {str(exc).splitlines()[0]}") from None
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
         raise LoadError(f"unsupported architecture {config.model_type!r}: not a transformers causal LM")
     return config
+
+
+def _check_uses_registry(config, cls: type | None = None) -> None:
+    """Refuse, by name, architectures whose attention bypasses transformers' attention registry: those that
+    neither declare support for attention backends nor declare their attention modules for recording."""
+    cls = cls or AutoModelForCausalLM._model_mapping.get(type(config), None)
+    if cls is None:
+        return  # remote code: the coverage check of every run finds attention that bypasses the backend
+    declared = (getattr(cls, "_can_record_outputs", None) or {}).get("attentions")
+    if not (getattr(cls, "_supports_attention_backend", False) or declared):
+        raise LoadError(f"unsupported architecture {config.model_type!r}: its attention does not use transformers' registry")
 
 
 def load(
@@ -79,18 +92,20 @@ def load(
     dtype: torch.dtype | None = None,
     device_map: str | dict | None = None,
     tile_size: int | None = attention.DEFAULT_TILE_SIZE,
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """A model from a local directory, in eval mode, on the quantdiff attention backend with taps attached.
 
     device: where to put it (default: CUDA if available, else CPU). device_map: passed to accelerate
-    instead (e.g. "auto" for models larger than one device).
+    instead (e.g. "auto" for models larger than one device). trust_remote_code: run the model's own Python
+    code (off unless asked for).
     """
-    config = load_config(path)
+    config = load_config(path, trust_remote_code)
     attention.register()
-    cls = AutoModelForCausalLM._model_mapping[type(config)]
-    if not getattr(cls, "_supports_attention_backend", False):
-        raise LoadError(f"unsupported architecture {config.model_type!r}: its attention does not use transformers' registry")
-    kwargs = dict(local_files_only=True, trust_remote_code=False, use_safetensors=True, attn_implementation=attention.BACKEND_NAME)
+    _check_uses_registry(config)
+    kwargs = dict(
+        local_files_only=True, trust_remote_code=trust_remote_code, use_safetensors=True, attn_implementation=attention.BACKEND_NAME
+    )
     if dtype is not None:
         kwargs["dtype"] = dtype
     if device_map is not None:
@@ -106,10 +121,10 @@ def load(
 
 def prepare(model: PreTrainedModel, tile_size: int | None = attention.DEFAULT_TILE_SIZE) -> PreTrainedModel:
     """Switch an in-memory model to the quantdiff backend, attach taps, eval mode."""
+    _check_uses_registry(model.config, type(model))
     attention.register()
     model.set_attn_implementation(attention.BACKEND_NAME)
-    if not attention.attach_taps(model):
-        raise LoadError(f"no attention modules found in {type(model).__name__}")
+    attention.attach_taps(model)  # LoadError when the model declares no attention modules
     attention.set_tile_size(model, tile_size)
     return model.eval()
 

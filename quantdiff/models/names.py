@@ -1,7 +1,12 @@
-"""Built-in model names: 'tiny' is the pair shipped inside the package, trained by recipes/tiny.toml."""
+"""Model names: local directories, built-in names ('tiny' is the pair shipped inside the package, trained by
+recipes/tiny.toml) and Hugging Face hub ids ('org/name', optionally 'org/name@revision') resolved through the
+local hub cache; only safetensors, JSON and tokenizer files are ever fetched, and only when not offline.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Sequence
@@ -11,10 +16,14 @@ from quantdiff.models.pairs import KINDS
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # the package's data: the shipped pair
 BUILT_IN = ("tiny",)
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# What a model needs: weights (safetensors only, never pickles), configs and tokenizer files.
+HUB_FILES = ["*.safetensors", "*.safetensors.index.json", "*.json", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]
 
 
-def resolve(name_or_path: str | Path) -> list[Path]:
-    """'tiny' → [standard, diff] directories; 'tiny/diff' → that one; an existing path → itself."""
+def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]:
+    """'tiny' → [standard, diff] directories; 'tiny/diff' → that one; an existing path → itself;
+    'org/name' (or 'org/name@revision') → its snapshot directory in the Hugging Face cache."""
     path = Path(name_or_path)
     if path.exists():
         return [path]
@@ -25,8 +34,36 @@ def resolve(name_or_path: str | Path) -> list[Path]:
         if missing:
             raise LoadError(f"built-in model {name_or_path!r} is missing from this install ({missing[0]})")
         return dirs
+    repo_id, _, pinned = str(name_or_path).partition("@")
+    if HUB_ID.match(repo_id) and name not in BUILT_IN:
+        return [hub_snapshot(repo_id, revision or pinned or None)]
     built = ", ".join(f"{n}, {n}/{KINDS[0]}, {n}/{KINDS[1]}" for n in BUILT_IN)
-    raise LoadError(f"{str(name_or_path)!r} is neither an existing path nor a built-in model ({built})")
+    raise LoadError(f"{str(name_or_path)!r} is neither an existing path nor a built-in model ({built}) nor a hub id (org/name)")
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub reads it (also when set after huggingface_hub was imported)."""
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in constants.ENV_VARS_TRUE_VALUES
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
+    """The cached snapshot of a hub model; downloaded (safetensors, JSON, tokenizer files only) unless offline."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    cache = os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE
+    where = f"{repo_id}" + (f"@{revision}" if revision else "")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=HUB_FILES, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OfflineModeIsEnabled):
+        if hub_offline():
+            raise LoadError(f"{where}: offline (HF_HUB_OFFLINE) and not in the hub cache {cache}") from None
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=HUB_FILES))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled, OSError, ValueError) as exc:
+        raise LoadError(f"{where}: not in the hub cache {cache} and not downloadable ({type(exc).__name__})") from None
 
 
 def resolve_models(specs: Sequence[str]) -> list[tuple[str, Path]]:
@@ -39,10 +76,12 @@ def resolve_models(specs: Sequence[str]) -> list[tuple[str, Path]]:
 
     resolved = []
     for spec in specs:
-        built_in = not Path(spec).exists()
+        name = spec.split("/")[0]
+        built_in = name in BUILT_IN and not Path(spec).exists()
+        hub = not built_in and not Path(spec).exists()  # resolve() accepted it as a hub id: name it as given
         for d in resolve(spec):
             check_model_dir(d)
-            resolved.append((f"{spec.split('/')[0]}/{d.name}" if built_in else d.name, d))
+            resolved.append((f"{name}/{d.name}" if built_in else spec if hub else d.name, d))
     counts = Counter(name for name, _ in resolved)
     out = [(name if counts[name] == 1 else str(path), path) for name, path in resolved]
     if len({name for name, _ in out}) != len(out):

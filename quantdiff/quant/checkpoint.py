@@ -20,8 +20,9 @@ from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, apply_
 
 
 def _module_tensors(stored: Tensors, fqn: str) -> Tensors:
+    """The encoded weight of one quantized linear layer; its bias stays an ordinary tensor."""
     prefix = f"{fqn}."
-    return {key.removeprefix(prefix): value for key, value in stored.items() if key.startswith(prefix)}
+    return {key.removeprefix(prefix): value for key, value in stored.items() if key.startswith(prefix) and key != f"{prefix}bias"}
 
 
 def quantdiff_section(config: dict) -> dict | None:
@@ -117,6 +118,7 @@ def load(
     dtype: torch.dtype | None = None,
     device_map: str | dict | None = None,
     tile_size: int | None = DEFAULT_TILE_SIZE,
+    trust_remote_code: bool = False,
 ) -> nn.Module:
     """Any checkpoint quantdiff reads, on the quantdiff backend in eval mode: a plain model directory, or a
     quantdiff quantized export (weights decoded, recorded quantizations re-applied)."""
@@ -124,4 +126,4 @@ def load(
         if device_map is not None:
             raise LoadError("quantized quantdiff checkpoints load on one device (no device_map)")
         return load_quantized(path, device=device, dtype=dtype, tile_size=tile_size)
-    return loading.load(path, device=device, dtype=dtype, device_map=device_map, tile_size=tile_size)
+    return loading.load(path, device=device, dtype=dtype, device_map=device_map, tile_size=tile_size, trust_remote_code=trust_remote_code)

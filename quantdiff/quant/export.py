@@ -43,17 +43,19 @@ def export_quantized(
     include_lm_head: bool = False,
     force: bool = False,
     attention: QuantConfig | None = None,
+    allow_partial: bool = False,
 ) -> ExportSummary:
     """Quantize the source model's linear weights and write a complete model directory at `out`, atomically.
 
     `attention`: an attention quantization (logits or qk site) to record; `load_quantized` re-applies it.
+    allow_partial: accept decoder layers without an nn.Linear to quantize (else ConfigError naming them).
     """
     source, out = Path(source), Path(out)
     check_target(out, force)  # before the (slow) load: a refused target costs nothing
     if attention is not None and isinstance(attention.site, LinearSite):
         raise ConfigError("only an attention quantization (site logits or qk) can be recorded with an export")
     model = load(source, device="cpu")
-    targets = linear_targets(model, LinearSite(include_lm_head=include_lm_head))
+    targets = linear_targets(model, LinearSite(include_lm_head=include_lm_head), allow_partial)
     if not targets:
         raise ConfigError(f"no nn.Linear layer to quantize in {source}")
     tied = _tied_to_other(model, targets)

@@ -7,7 +7,7 @@ callables, so removing a configuration leaves the model exactly as it was (same 
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 import quantdiff.attention.backend as attention
+from quantdiff.attention.coverage import tracking
 from quantdiff.core.errors import ConfigError
+from quantdiff.models import structure
 from quantdiff.quant.numerics import (
     LLM_INT8_THRESHOLD,
     Granularity,
@@ -304,29 +306,35 @@ def _apply_qk(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
 
 
 def decoder_layer_prefixes(model: nn.Module) -> list[str]:
-    """Fully qualified names of the decoder layers (transformers names their class in `_no_split_modules`)."""
-    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
-    return [
-        name
-        for name, module in model.named_modules()
-        if type(module).__name__ in layer_classes or type(module).__name__.endswith("DecoderLayer")
-    ]
+    """Fully qualified names of the decoder layers, as the model declares them."""
+    return [name for name, _ in structure.decoder_layers(model)]
 
 
-def linear_targets(model: nn.Module, site: LinearSite) -> list[tuple[str, nn.Linear]]:
-    """(fqn, module) of the nn.Linear layers the site quantizes, in module order."""
-    prefixes = tuple(p + "." for p in decoder_layer_prefixes(model))
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+def linear_targets(model: nn.Module, site: LinearSite, allow_partial: bool = False) -> list[tuple[str, nn.Linear]]:
+    """(fqn, module) of the nn.Linear layers the site quantizes, in module order.
 
-    def default_filter(module: nn.Module, fqn: str) -> bool:
-        return fqn.startswith(prefixes) or (site.include_lm_head and module is output)
-
-    chosen = site.filter or default_filter
-    return [
+    With the default filter every decoder layer must hold one (GPT-2's Conv1D projections, say, hold none):
+    ConfigError naming the layers that would stay unquantized, unless allow_partial.
+    """
+    if site.filter is not None:
+        chosen = site.filter
+    else:
+        prefixes = tuple(p + "." for p in decoder_layer_prefixes(model))
+        output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        chosen = lambda module, fqn: fqn.startswith(prefixes) or (site.include_lm_head and module is output)  # noqa: E731
+    targets = [
         (fqn, m)
         for fqn, m in model.named_modules()
         if isinstance(m, nn.Linear) and m.weight.is_floating_point() and chosen(m, fqn)
     ]
+    if site.filter is None and not allow_partial:
+        empty = [p[:-1] for p in prefixes if not any(fqn.startswith(p) for fqn, _ in targets)]
+        if empty:
+            raise ConfigError(
+                f"{structure.model_label(model)}: decoder layers without a floating-point nn.Linear to quantize: "
+                f"{', '.join(empty[:4])}{' …' if len(empty) > 4 else ''} (allow_partial accepts a partial run)"
+            )
+    return targets
 
 
 def _swap_weight(module: nn.Linear, method: Method) -> Undo:
@@ -377,9 +385,15 @@ def apply_quantization(model: nn.Module, config: QuantConfig | None) -> Quantiza
 
 
 @contextmanager
-def quantized(model: nn.Module, config: QuantConfig | None) -> Iterator[nn.Module]:
+def quantized(model: nn.Module, config: QuantConfig | None, allow_partial: bool = False) -> Iterator[nn.Module]:
+    """`model` quantized as `config` says inside the block. When the block ran forward passes, every attention
+    module and decoder layer must have been reached (ConfigError naming the others unless allow_partial)."""
     handle = apply_quantization(model, config)
+    track = tracking(model) if config is not None and attention.taps(model) else nullcontext(None)
     try:
-        yield model
+        with track as coverage:
+            yield model
     finally:
         handle.remove()
+    if coverage is not None and coverage.ran:
+        coverage.check(allow_partial)

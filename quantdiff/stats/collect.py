@@ -1,12 +1,17 @@
 """Run a model over batches and collect its ModelStats.
 
-`collect_stats(model, batches)` is used by `quantdiff stats`, `quantdiff reproduce` and the public API: hooks
-from `observe` feed every logits tile and every decoder layer's output into the statistics, which stay on the
-model's device. Under torchrun each rank collects its own batches; `distributed` merges them.
+`collect_stats(model, batches)` is the Python API (used by `quantdiff stats` and `quantdiff reproduce`):
+hooks from `observe` feed every logits tile and every decoder layer's output into the statistics, which
+stay on the model's device. Under `torchrun` each rank takes whole batches round-robin (`data.shard`) and
+rank 0 merges the gathered statistics exactly. Every run checks that each attention module and decoder layer
+was reached (`collect` returns that coverage), and models that soft-cap their logits also get statistics of the
+capped values that enter softmax.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -15,19 +20,37 @@ from torch import nn
 import quantdiff.attention.backend as attention
 from quantdiff.attention.backend import TileContext
 from quantdiff.data.sources import Batch
+from quantdiff.attention.coverage import Coverage, tracking
 from quantdiff.attention.observe import observe
-from quantdiff.stats.model_stats import ModelStats
+from quantdiff.core.errors import ConfigError
+from quantdiff.models import structure
+from quantdiff.stats.absstats import AbsStats
+from quantdiff.stats.model_stats import LOGIT_LOCATION, ModelStats
 
 DEFAULT_K = 100
 
 
-def head_maps(model: nn.Module) -> list[int] | None:
-    """Per head 1 or 2 for differential attention (head i pairs with i + H/2), None for standard attention."""
-    taps = attention.taps(model)
-    if not taps or not taps[0].differential:
-        return None
-    heads = model.config.num_attention_heads
-    return [1] * (heads // 2) + [2] * (heads - heads // 2)
+def _check_one_attention_per_layer(model: nn.Module) -> int:
+    """The statistics index logits and hidden states by one layer axis: refuse hybrids (some layers without
+    softmax attention) by name. Returns the number of layers."""
+    tap_layers = [tap.layer_idx for tap in attention.taps(model)]
+    decoder = len(structure.decoder_layers(model))
+    if tap_layers != list(range(decoder)):
+        raise ConfigError(
+            f"{structure.model_label(model)}: statistics need softmax attention in every decoder layer; "
+            f"{decoder} decoder layers have attention modules at layers {tap_layers[:8]}{' …' if len(tap_layers) > 8 else ''}"
+        )
+    return decoder
+
+
+@dataclass
+class Collected:
+    """What one collection run yields: the statistics, what the forwards reached and, for models that
+    soft-cap their logits, the statistics of the capped values that enter softmax (None otherwise)."""
+
+    stats: ModelStats
+    coverage: Coverage
+    capped_logits: AbsStats | None = None
 
 
 class StatsCollector:
@@ -36,10 +59,14 @@ class StatsCollector:
     def __init__(self, model: nn.Module, k: int = DEFAULT_K, compile: bool | None = None) -> None:
         config = model.config
         device = next(model.parameters()).device
-        self.stats = ModelStats.empty(len(attention.taps(model)), config.num_attention_heads, config.hidden_size, head_maps(model), k, device)
+        layers, heads = _check_one_attention_per_layer(model), config.num_attention_heads
+        self.stats = ModelStats.empty(layers, heads, config.hidden_size, structure.model_head_maps(model), k, device)
+        # Capped logits get their own block: the paper's logits are QKᵀ·scaling before any capping.
+        self.capped = AbsStats.empty(layers * heads, k, LOGIT_LOCATION, device) if structure.logit_softcap(config) else None
         # Compiled per-element kernels pay off on CUDA; on CPU the one-off compile outweighs them for short runs.
         self.stats.logits.fused = self.stats.hidden.fused = device.type == "cuda" if compile is None else compile
         self.batch: Batch | None = None
+        self.label = structure.model_label(model)
 
     def on_logits(self, logits: torch.Tensor, ctx: TileContext) -> None:
         b, h, rows, cols = logits.shape
@@ -56,8 +83,13 @@ class StatsCollector:
 
         # (B, H, rows, cols) -> (B, H, rows·cols): one group per head of this layer
         self.stats.logits.update(logits.reshape(b, h, rows * cols), ctx.layer_idx * h, valid, locate)
+        if ctx.softcap is not None and self.capped is not None:
+            capped = torch.tanh(logits / ctx.softcap) * ctx.softcap
+            self.capped.update(capped.reshape(b, h, rows * cols), ctx.layer_idx * h, valid, locate)
 
     def on_hidden(self, layer: int, hidden: torch.Tensor) -> None:
+        if hidden.dim() != 3 or hidden.shape[-1] != self.stats.hidden_size:
+            raise ConfigError(f"{self.label}: decoder layer {layer} returns hidden states of shape {tuple(hidden.shape)}, not (batch, tokens, {self.stats.hidden_size})")
         b, t, d = hidden.shape
         mask = self.batch.attention_mask
         valid = None if mask is None else mask.bool().view(b, 1, t, 1).expand(b, 1, t, d).reshape(b, 1, t * d)
@@ -73,10 +105,37 @@ class StatsCollector:
         """One forward of the base model (no LM head: its logits are not observed)."""
         device = self.stats.logits.device
         self.batch = batch.to(device)
-        with self.stats.logits.deferred_merges(), self.stats.hidden.deferred_merges():
+        with ExitStack() as deferred:
+            for block in (self.stats.logits, self.stats.hidden, self.capped):
+                if block is not None:
+                    deferred.enter_context(block.deferred_merges())
             model.base_model(input_ids=self.batch.input_ids, attention_mask=self.batch.attention_mask, use_cache=False)
         self.stats.tokens += batch.tokens
         self.stats.sequences += batch.input_ids.shape[0]
+
+
+def collect(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    k: int = DEFAULT_K,
+    progress: Callable[[int], None] | None = None,
+    compile: bool | None = None,
+    allow_partial: bool = False,
+) -> Collected:
+    """`collect_stats` with what the run reached and the capped-logits block; see there.
+
+    ConfigError when an attention module or decoder layer was never reached, unless allow_partial.
+    """
+    collector = StatsCollector(model, k, compile)
+    with tracking(model) as coverage:
+        with observe(model, collector.on_logits, collector.on_hidden), torch.inference_mode():
+            for batch in batches:
+                collector.run(model, batch)
+                if progress is not None:
+                    progress(batch.tokens)
+    if coverage.ran:
+        coverage.check(allow_partial)
+    return Collected(collector.stats, coverage, collector.capped)
 
 
 def collect_stats(
@@ -85,16 +144,12 @@ def collect_stats(
     k: int = DEFAULT_K,
     progress: Callable[[int], None] | None = None,
     compile: bool | None = None,
+    allow_partial: bool = False,
 ) -> ModelStats:
     """Statistics of attention logits and hidden states of `model` (on the quantdiff backend) over `batches`.
 
     progress(tokens) is called after each batch. Statistics live on the model's device. compile: fuse the
-    per-element work with torch.compile (None: on CUDA only).
+    per-element work with torch.compile (None: on CUDA only). allow_partial: accept a model where some
+    attention module or decoder layer was never reached (else ConfigError naming them).
     """
-    collector = StatsCollector(model, k, compile)
-    with observe(model, collector.on_logits, collector.on_hidden), torch.inference_mode():
-        for batch in batches:
-            collector.run(model, batch)
-            if progress is not None:
-                progress(batch.tokens)
-    return collector.stats
+    return collect(model, batches, k, progress, compile, allow_partial).stats

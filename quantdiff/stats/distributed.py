@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from quantdiff.stats.absstats import AbsStats
 from quantdiff.stats.model_stats import ModelStats
 
 
@@ -21,15 +22,24 @@ def distributed_rank_world() -> tuple[int, int]:
 
 def gather_to_rank0(stats: ModelStats, rank: int, world: int) -> ModelStats | None:
     """Exact merge of every rank's statistics on rank 0 (in rank order); None on other ranks."""
+    return _gather(stats, ModelStats, stats.logits.device, rank, world)
+
+
+def gather_capped_to_rank0(capped: AbsStats | None, rank: int, world: int) -> AbsStats | None:
+    """The capped-logits block of soft-capping models, merged like `gather_to_rank0` (None stays None)."""
+    return None if capped is None else _gather(capped, AbsStats, capped.device, rank, world)
+
+
+def _gather(part, cls, device, rank: int, world: int):
     if world == 1:
-        return stats
+        return part
     import torch.distributed as dist
 
     gathered = [None] * world if rank == 0 else None
-    dist.gather_object(stats.to_dict(), gathered, dst=0)
+    dist.gather_object(part.to_dict(), gathered, dst=0)
     if rank != 0:
         return None
-    merged = ModelStats.from_dict(gathered[0], stats.logits.device)
-    for part in gathered[1:]:
-        merged.merge(ModelStats.from_dict(part, stats.logits.device))
+    merged = cls.from_dict(gathered[0], device)
+    for other in gathered[1:]:
+        merged.merge(cls.from_dict(other, device))
     return merged

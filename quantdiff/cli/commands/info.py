@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 
 def info(
-    models: Annotated[list[str], typer.Argument(help="Model directories or built-in names (e.g. tiny).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, built-in names (e.g. tiny) or hub ids (org/name, org/name@revision).")],
     device: Annotated[str, typer.Option(help="cpu, cuda, or auto (CUDA when present).")] = "auto",
+    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit) for hub ids.")] = None,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default).")] = False,
 ) -> None:
     """Load each model on the quantdiff backend and print its architecture and parameter counts."""
     from rich.console import Console
@@ -17,7 +19,7 @@ def info(
 
     from quantdiff.attention.backend import taps
     from quantdiff.core.device import resolve_device
-    from quantdiff.models.loading import load
+    from quantdiff.quant.checkpoint import load
     from quantdiff.models.pairs import lambda_parameter_count, parameter_count
     from quantdiff.models.names import resolve
 
@@ -25,8 +27,8 @@ def info(
     for column in ("model", "architecture", "attention", "layers", "heads (kv)", "parameters", "λ parameters", "device"):
         table.add_column(column)
     target = resolve_device(device, "--device")
-    for path in [p for name in models for p in resolve(name)]:
-        model = load(path, device=target)
+    for path in [p for name in models for p in resolve(name, revision)]:
+        model = load(path, device=target, trust_remote_code=trust_remote_code)
         tap_list = taps(model)
         cfg = model.config
         kind = "differential" if tap_list[0].differential else "standard"

@@ -9,7 +9,7 @@ import typer
 
 
 def quantize(
-    model: Annotated[str, typer.Argument(help="Model directory or built-in name (e.g. tiny/diff).")],
+    model: Annotated[str, typer.Argument(help="Model directory, built-in name (e.g. tiny/diff) or hub id (org/name).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory (written atomically).")],
     bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4.")] = "4",
     method: Annotated[str, typer.Option("--method", help="absmax (packed, ours), llm-int8, nf4 or fp4 (bitsandbytes layouts).")] = "absmax",
@@ -23,6 +23,8 @@ def quantize(
     data: Annotated[Optional[Path], typer.Option("--data", help="Data file for --eval (see `quantdiff eval --help`).")] = None,
     context: Annotated[Optional[int], typer.Option("--context", help="Tokens per window (lm) or document (retrieval) for --eval.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="--eval on the first N items only.")] = None,
+    allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept decoder layers without an nn.Linear to quantize.")] = False,
+    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit) when MODEL is a hub id.")] = None,
 ) -> None:
     """Quantize the linear weights inside the decoder layers and write a complete model directory."""
     from rich.console import Console
@@ -47,11 +49,11 @@ def quantize(
     check_target(out, force)
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
     check_limit(limit)
-    sources = resolve(model)
+    sources = resolve(model, revision)
     if len(sources) != 1:
         raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
     tokenizer = load_tokenizer(sources[0]) if task is not None else None
-    summary = export_quantized(sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention)
+    summary = export_quantized(sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial)
     console = Console(highlight=False)
     d = summary.description
     console.print(f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}")

@@ -9,7 +9,7 @@ import typer
 
 
 def stats(
-    models: Annotated[list[str], typer.Argument(help="Model directories or built-in names ('tiny' = its standard and diff models).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, built-in names ('tiny' = its standard and diff models) or hub ids (org/name, org/name@revision).")],
     data: Annotated[str, typer.Option(help="UTF-8 text file, JSONL with 'text' or 'input_ids', builtin:corpus or builtin:retrieval.")] = "builtin:corpus",
     tokens: Annotated[int, typer.Option(help="Total tokens to observe per model.")] = 65536,
     seq_len: Annotated[Optional[int], typer.Option(help="Sequence length (default: min(1024, the model's positions)).")] = None,
@@ -22,6 +22,8 @@ def stats(
     plot: Annotated[Optional[Path], typer.Option(help="Write PNG plots (per-layer Top-1, |x| CCDF) into this directory.")] = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Fuse per-element statistics with torch.compile (default: on CUDA only).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar and no tables.")] = False,
+    allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept models where some attention module or decoder layer is never reached (recorded in the JSON's coverage).")] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default; recorded in the JSON).")] = False,
 ) -> None:
     """Largest |attention logits| and |hidden states| (Top-1 … Top-100, median) with where they occur.
 
@@ -41,5 +43,7 @@ def stats(
         json_path=json_path,
         plot_dir=plot,
         compile=compile,
+        allow_partial=allow_partial,
+        trust_remote_code=trust_remote_code,
     )
     run(options, quiet=quiet, per_layer=per_layer)

@@ -22,10 +22,12 @@ BatchOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per forwa
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 … (default: CUDA if available).")]
 JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the cells as JSON (an object with a list `cells`).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; print only the result.")]
+PartialOpt = Annotated[bool, typer.Option("--allow-partial", help="Accept models where some attention module or decoder layer is never reached.")]
+RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default).")]
 
 
 def sweep(
-    models: Annotated[list[str], typer.Argument(help="Model directories or zoo names ('tiny' = the shipped standard and Diff pair).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, zoo names ('tiny' = the shipped standard and Diff pair) or hub ids (org/name, org/name@revision).")],
     task: TaskOpt = "choice",
     bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
     method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",
@@ -41,6 +43,8 @@ def sweep(
     batch_size: BatchOpt = 8,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    allow_partial: PartialOpt = False,
+    trust_remote_code: RemoteOpt = False,
 ) -> None:
     """Accuracy under quantization: the unquantized reference plus every (method, bits, site) cell, per model."""
     from rich.console import Console
@@ -62,7 +66,7 @@ def sweep(
     notes = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in plan.skipped:
         notes.print(f"[yellow]skipped {line}[/yellow]")
-    cells = run_models(specs, the_task, plan.configs, limit, target, quiet)
+    cells = run_models(specs, the_task, plan.configs, limit, target, quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)
     report(cells, the_task, json_path, quiet)
     if plot is not None:
         from quantdiff.report.sweep_report import plot_sweep
@@ -88,6 +92,8 @@ def evaluate(
     batch_size: BatchOpt = 8,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    allow_partial: PartialOpt = False,
+    trust_remote_code: RemoteOpt = False,
 ) -> None:
     """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
@@ -104,5 +110,7 @@ def evaluate(
     check_limit(limit)
     specs = resolve_models([model])
     check_output(json_path, None)
-    cells = run_models(specs, the_task, configs, limit, resolve_device(device, "--device"), quiet, include_reference=bits is None)
+    cells = run_models(
+        specs, the_task, configs, limit, resolve_device(device, "--device"), quiet, include_reference=bits is None, allow_partial=allow_partial, trust_remote_code=trust_remote_code
+    )
     report(cells, the_task, json_path, quiet)

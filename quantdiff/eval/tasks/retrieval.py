@@ -25,6 +25,7 @@ from torch import nn
 import quantdiff.attention.backend as attention
 from quantdiff.data.sources import text_or_held_out
 from quantdiff.core.errors import DataError
+from quantdiff.models import structure
 from quantdiff.eval.tasks.choice import encode_pair
 from quantdiff.data.needles import Filler, NeedleExample, make_needle_example
 from quantdiff.eval.scoring import Progress, left_pad, model_device, next_token_logits
@@ -81,12 +82,6 @@ def exact_matches(model: nn.Module, items: list[NeedleItem], batch_size: int = 8
     return out
 
 
-def differential_lambda(module: nn.Module) -> float:
-    """λ = exp(λq1·λk1) − exp(λq2·λk2) + λinit, as DiffLlama (and the paper) computes it per layer."""
-    dot = lambda q, k: torch.sum(q.float() * k.float())  # noqa: E731
-    return float(torch.exp(dot(module.lambda_q1, module.lambda_k1)) - torch.exp(dot(module.lambda_q2, module.lambda_k2)) + module.lambda_init)
-
-
 @torch.no_grad()
 def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> list[torch.Tensor]:
     """Per layer, the attention maps (B, heads, rows, S) of the last `rows` query rows of a left-padded batch.
@@ -98,10 +93,12 @@ def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> l
     if not modules:
         raise DataError("attention scores need a model loaded with quantdiff (no attention taps found)")
     tiles: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    sinks: dict[int, torch.Tensor | None] = {}
 
     def keep_last_rows(tap: attention.Tap, args: tuple, logits: torch.Tensor) -> None:
         ctx = args[1]
-        last = logits.float().masked_fill(~ctx.valid.expand_as(logits), float("-inf"))[:, :, -rows:]  # (B, H, ≤rows, cols)
+        sinks[ctx.layer_idx] = ctx.sinks
+        last = attention.softmax_input(logits.float(), ctx).masked_fill(~ctx.valid.expand_as(logits), float("-inf"))[:, :, -rows:]  # (B, H, ≤rows, cols)
         # A tile may start below some of the wanted rows (queries before its first key): those see none of it.
         last = F.pad(last, (0, 0, rows - last.shape[2], 0), value=float("-inf"))  # (B, H, rows, cols)
         tiles.setdefault(ctx.layer_idx, []).append((ctx.k_start, last))
@@ -116,11 +113,9 @@ def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> l
     maps = []
     for module in sorted(modules, key=lambda m: m.quantdiff_tap.layer_idx):
         logits = torch.cat([t for _, t in sorted(tiles[module.quantdiff_tap.layer_idx], key=lambda kt: kt[0])], dim=-1)  # (B, H, rows, S)
-        probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # padding rows attend to nothing
-        if attention.is_differential(module):
-            lam = differential_lambda(module)
-            a1, a2 = probs.chunk(2, dim=1)  # (B, H/2, rows, S) each: head i pairs with head i + H/2
-            probs = (a1 - lam * a2) / (1 - lam)
+        probs = attention.attention_probs(logits, sinks[module.quantdiff_tap.layer_idx]).nan_to_num(0.0)  # padding rows attend to nothing
+        if module.quantdiff_tap.differential:
+            probs = structure.differential_map(probs, structure.differential_lambda(module))  # (B, H/2, rows, S)
         maps.append(probs)
     return maps
 

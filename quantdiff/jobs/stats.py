@@ -7,7 +7,6 @@ by `plan` before any model runs; outputs are written atomically by rank 0 only.
 from __future__ import annotations
 
 import json
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,9 +134,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     if options.plot_dir is not None:
         write_plots(options.plot_dir, named)
     if not quiet:
-        from rich.console import Console
-
-        render(doc, Console(width=None if sys.stdout.isatty() else 120), per_layer)  # pipes get full rows, not 80 columns
+        render(doc, per_layer=per_layer)  # its console prints whole rows when piped
     return doc
 
 

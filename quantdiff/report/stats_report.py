@@ -22,15 +22,14 @@ exists for differential models only (map 1 = heads 0…H/2−1, map 2 = the rest
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
+import quantdiff.core.atomic as atomic
 import quantdiff.report.paper as paper
-from quantdiff.core.atomic import atomic_file
 from quantdiff.report.markdown import ACTIVATIONS, table5_row
 from quantdiff.stats.engine import QUANTILE_RELATIVE_ERROR, ModelStats, bin_midpoints
 
@@ -74,8 +73,8 @@ def table5_values(stats: ModelStats | dict) -> dict[str, dict[str, float | None]
 
 
 def write_json(path: str | Path, doc: dict) -> None:
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    """Strict JSON: a statistic of a model whose activations were all non-finite is null, never NaN."""
+    atomic.write_json(path, doc, indent=1)
 
 
 def _fmt(x: float | None) -> str:
@@ -85,27 +84,54 @@ def _fmt(x: float | None) -> str:
 
 
 def _ratio(a: float | None, b: float | None) -> str:
-    return "–" if a is None or not b else f"{a / b:.2f}×"
+    return "–" if a is None or b is None or not b else f"{a / b:.2f}×"
 
 
-def render(doc: dict, console, per_layer: bool = False) -> None:
-    """Table 5 layout: rows = activation × model (+ ratio rows first ÷ other), columns Top-1 … Median."""
+def nonfinite_share(block: dict) -> tuple[int, int, float]:
+    """(NaN count, Inf count, their share of all values seen) of one activation block; statistics exclude them."""
+    nan, inf = block["nonfinite"]["nan"], block["nonfinite"]["inf"]
+    total = block["count"] + nan + inf
+    return nan, inf, (nan + inf) / total if total else 0.0
+
+
+def _nonfinite_cell(block: dict) -> str:
+    nan, inf, share = nonfinite_share(block)
+    return f"{nan:,} NaN, {inf:,} Inf ({share:.1%})" if nan or inf else "0"
+
+
+def render(doc: dict, console=None, per_layer: bool = False) -> None:
+    """Table 5 layout: rows = activation × model (+ ratio rows first ÷ other), columns Top-1 … Median.
+
+    Non-finite activations (excluded from every statistic) get a column and a warning line per model and
+    activation, so a table of normal-looking numbers never hides that a share of the values was NaN or Inf.
+    `console`: default, one that prints whole rows when piped.
+    """
     from rich.table import Table
 
+    from quantdiff.report.console import table_console
+
     models = doc["models"]
+    flagged = [(m, key, label) for key, label in ACTIVATIONS.items() for m in models if sum(nonfinite_share(m[key])[:2])]
     bound = f"median within ±{QUANTILE_RELATIVE_ERROR:.3%} (relative) of exact"
     table = Table(title=f"Largest |activation| values — {doc['data']['tokens']:,} tokens per model", caption=bound)
-    for column in ("activation", "model", *paper.TABLE5_COLUMNS):
+    extra = ("non-finite",) if flagged else ()
+    for column in ("activation", "model", *paper.TABLE5_COLUMNS, *extra):
         label_column = column in ("activation", "model")
         table.add_column(column, justify="left" if label_column else "right", no_wrap=label_column)
     for key, label in ACTIVATIONS.items():
         rows = [table5_row(m[key]) for m in models]
         for i, (model, row) in enumerate(zip(models, rows)):
-            table.add_row(label if i == 0 else "", model["name"], *map(_fmt, row))
+            table.add_row(label if i == 0 else "", model["name"], *map(_fmt, row), *(_nonfinite_cell(model[key]) for _ in extra))
         for model, row in list(zip(models, rows))[1:]:
-            table.add_row("", f"{models[0]['name']}÷{model['name']}", *(_ratio(a, b) for a, b in zip(rows[0], row)), style="dim")
+            ratios = (_ratio(a, b) for a, b in zip(rows[0], row))
+            table.add_row("", f"{models[0]['name']}÷{model['name']}", *ratios, *("" for _ in extra), style="dim")
         table.add_section()
+    console = console or table_console(table)
     console.print(table)
+    for model, key, label in flagged:
+        nan, inf, share = nonfinite_share(model[key])
+        console.print(f"[yellow]warning: {model['name']}: {share:.1%} of {label} were non-finite ({nan:,} NaN, {inf:,} Inf); "
+                      "every statistic above excludes them[/yellow]")
     for model in models:
         features = model["hidden_states"]["outlier_features"]
         console.print(f"{model['name']}: {features['count']} LLM.int8 outlier feature(s) in hidden states"

@@ -27,8 +27,11 @@ def stats(
 
     Runs unchanged under `torchrun --nproc-per-node N`: ranks split the batches, rank 0 merges and writes.
     """
+    from quantdiff.core.device import resolve_device
     from quantdiff.jobs.stats import StatsOptions, run
 
+    if device is not None:
+        resolve_device(device, "--device")
     options = StatsOptions(
         models=tuple(models),
         data=data,

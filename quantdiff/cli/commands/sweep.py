@@ -46,8 +46,14 @@ def sweep(
     from quantdiff.eval.sweep import parse_bits, plan_sweep, split_names
     from rich.console import Console
 
+    from quantdiff.cli.validate import check_list
+    from quantdiff.core.device import resolve_device
     from quantdiff.jobs.evaluate import check_device, check_output, make_cli_task, report, resolve_models, run_models
 
+    for flag, text in (("--bits", bits), ("--method", method), ("--site", site)):
+        check_list(text, flag)
+    if device is not None:
+        resolve_device(device, "--device")
     plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"))
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     specs = resolve_models(models)
@@ -85,12 +91,15 @@ def evaluate(
     quiet: QuietOpt = False,
 ) -> None:
     """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
+    from quantdiff.core.device import resolve_device
     from quantdiff.core.errors import ConfigError
     from quantdiff.jobs.evaluate import check_output, make_cli_task, report, resolve_models, run_models
     from quantdiff.quant.sites import parse_config
 
     if bits is None and (method is not None or site is not None):
         raise ConfigError("--method and --site choose how to quantize: give --bits too")
+    if device is not None:
+        resolve_device(device, "--device")
     configs = [] if bits is None else [parse_config(method or "absmax", bits, site or "logits")]
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     specs = resolve_models([model])

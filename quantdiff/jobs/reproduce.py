@@ -7,7 +7,6 @@ report.md, stats.json, sweep.json and the PNG plots, and appears only once every
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,8 @@ from pathlib import Path
 from quantdiff.core.errors import ConfigError
 from quantdiff.models.pairs import KINDS
 from quantdiff.train.recipe import Recipe, load_recipe
-from quantdiff.core.savedir import atomic_dir, check_target
+from quantdiff.core.atomic import write_json
+from quantdiff.core.savedir import atomic_dir, check_target, is_marked
 
 RUNS = Path("runs")
 
@@ -74,9 +74,10 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     from quantdiff.jobs.stats import run as run_stats
     from quantdiff.eval.sweep import Cell, cells_to_json, plan_sweep, plot_sweep
 
-    replace = options.force or (options.out / "report.md").is_file()  # an earlier report is ours to replace
+    replace = options.force or is_marked(options.out)  # an earlier report is ours to replace
     check_target(options.out, replace)  # before any training or loading
     recipe, dirs = find_pair(options.target, console)
+    check_target(options.out, replace, dirs.values())  # never the pair being analysed, nor a directory holding it
     analysis = recipe.analysis
     tasks = _tasks(recipe, options)
     methods = [m.replace("_", "-") for m in analysis.methods]
@@ -87,7 +88,7 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     attention_plan = plan_sweep(methods, analysis.bits, attention_sites)
     specs = list(dirs.items())  # models are named by kind in every table and JSON of the report
     started = time.perf_counter()
-    with atomic_dir(options.out, force=replace) as tmp:
+    with atomic_dir(options.out, force=replace, kind="report", sources=dirs.values()) as tmp:
         console.print(f"statistics over {options.stats_tokens or analysis.stats_tokens:,} held-out tokens per model")
         stats_doc = run_stats(
             StatsOptions(
@@ -109,7 +110,7 @@ def reproduce(options: ReproduceOptions, console) -> Path:
             plot_sweep(task_cells, tmp / f"sweep_{task.name}.png", task.metrics[0])
             cells += task_cells
         sweep_doc = cells_to_json(cells)
-        (tmp / "sweep.json").write_text(json.dumps(sweep_doc, indent=2) + "\n")
+        write_json(tmp / "sweep.json", sweep_doc, indent=2)
         kinds = {entry["name"]: entry["kind"] for entry in stats_doc["models"]}
         context = {
             "pair": f"{options.target} ({', '.join(str(p) for _, p in specs)})",

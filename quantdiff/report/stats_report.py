@@ -177,43 +177,57 @@ def write_plots(directory: str | Path, named: Sequence[tuple[str, ModelStats]]) 
         from quantdiff.core.errors import ConfigError
 
         raise ConfigError(f"--plot path exists and is not a directory: {directory}")
+    created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".plots.tmp-", dir=directory))
+    atomic.remove_stale_temporaries(directory)
+    tmp = Path(tempfile.mkdtemp(prefix=atomic.temporary_prefix("plots"), dir=directory))
     try:
-        names = []
-        for key, label in ACTIVATIONS.items():
-            fig, ax = plt.subplots(figsize=(7, 4))
-            width = 0.8 / len(named)
-            for i, (name, stats) in enumerate(named):
-                groups = stats.logits if key == "attention_logits" else stats.hidden
-                per_group = groups.top_values[:, 0].cpu().clamp(min=0)
-                per_layer = per_group.view(stats.layers, -1).amax(dim=1)
-                ax.bar([l - 0.4 + (i + 0.5) * width for l in range(stats.layers)], per_layer.tolist(), width, label=name)
-            ax.set(xlabel="layer", ylabel="max |x| (Top-1)", title=f"{label}: Top-1 per layer")
-            ax.set_xticks(range(max(stats.layers for _, stats in named)))
-            ax.legend()
-            names.append(_save(fig, tmp / f"top1_per_layer_{key}.png", plt))
-            fig, ax = plt.subplots(figsize=(7, 4))
-            mids = bin_midpoints()
-            for name, stats in named:
-                groups = stats.logits if key == "attention_logits" else stats.hidden
-                hist = groups.hist.sum(dim=0).cpu().double()
-                total = float(hist.sum())
-                if total == 0:
-                    continue
-                ccdf = 1.0 - hist.cumsum(0) / total  # P(|x| > bin)
-                keep = (hist > 0) & (ccdf > 0) & (mids > 0)
-                ax.loglog(mids[keep].tolist(), ccdf[keep].tolist(), label=name)
-            ax.set(xlabel="|x|", ylabel="P(|X| > x)", title=f"{label}: |x| CCDF")
-            ax.legend()
-            names.append(_save(fig, tmp / f"ccdf_{key}.png", plt))
-        out = []
-        for path in names:
-            os.replace(path, directory / path.name)
-            out.append(directory / path.name)
-        return out
+        with atomic.disk_full_as_error(directory):
+            return _plot_into(directory, tmp, named, plt)
+    except BaseException:
+        if created:  # no empty directory left behind by a failed run
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plot_into(directory: Path, tmp: Path, named: Sequence[tuple[str, ModelStats]], plt) -> list[Path]:
+    """Render every plot into `tmp`, then move them into `directory` (file by file, each atomically)."""
+    names = []
+    for key, label in ACTIVATIONS.items():
+        fig, ax = plt.subplots(figsize=(7, 4))
+        width = 0.8 / len(named)
+        for i, (name, stats) in enumerate(named):
+            groups = stats.logits if key == "attention_logits" else stats.hidden
+            per_group = groups.top_values[:, 0].cpu().clamp(min=0)
+            per_layer = per_group.view(stats.layers, -1).amax(dim=1)
+            ax.bar([l - 0.4 + (i + 0.5) * width for l in range(stats.layers)], per_layer.tolist(), width, label=name)
+        ax.set(xlabel="layer", ylabel="max |x| (Top-1)", title=f"{label}: Top-1 per layer")
+        ax.set_xticks(range(max(stats.layers for _, stats in named)))
+        ax.legend()
+        names.append(_save(fig, tmp / f"top1_per_layer_{key}.png", plt))
+        fig, ax = plt.subplots(figsize=(7, 4))
+        mids = bin_midpoints()
+        for name, stats in named:
+            groups = stats.logits if key == "attention_logits" else stats.hidden
+            hist = groups.hist.sum(dim=0).cpu().double()
+            total = float(hist.sum())
+            if total == 0:
+                continue
+            ccdf = 1.0 - hist.cumsum(0) / total  # P(|x| > bin)
+            keep = (hist > 0) & (ccdf > 0) & (mids > 0)
+            ax.loglog(mids[keep].tolist(), ccdf[keep].tolist(), label=name)
+        ax.set(xlabel="|x|", ylabel="P(|X| > x)", title=f"{label}: |x| CCDF")
+        ax.legend()
+        names.append(_save(fig, tmp / f"ccdf_{key}.png", plt))
+    out = []
+    for path in names:
+        os.chmod(path, atomic.default_mode())
+        os.replace(path, directory / path.name)
+        out.append(directory / path.name)
+    return out
 
 
 def _save(fig, path: Path, plt) -> Path:

@@ -14,6 +14,7 @@ from typing import Iterator
 
 import quantdiff.attention.backend as attention
 from quantdiff.data.sources import BUILTIN_CORPUS, BUILTINS, Batch, shard
+from quantdiff.core.atomic import writable_target
 from quantdiff.core.errors import ConfigError, DataError
 from quantdiff.stats.collect import DEFAULT_K, collect_stats, device_for_rank, distributed_rank_world, gather_to_rank0
 
@@ -58,8 +59,8 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
         raise DataError(f"data file not found: {options.data}" if not Path(options.data).exists() else f"data path is not a file: {options.data}")
     if options.tile_size is not None and options.tile_size < 1:
         raise ConfigError(f"--tile-size must be positive (0 = no tiling), got {options.tile_size}")
-    if options.json_path is not None and options.json_path.is_dir():
-        raise ConfigError(f"--json path is a directory: {options.json_path}")
+    if options.json_path is not None:
+        writable_target(options.json_path)  # not a directory, device, FIFO or socket: refused before any work
     if options.plot_dir is not None and options.plot_dir.exists() and not options.plot_dir.is_dir():
         raise ConfigError(f"--plot path exists and is not a directory: {options.plot_dir}")
     named = resolve_models(options.models)  # the same model names as `quantdiff sweep` gives

@@ -87,6 +87,12 @@ def _recipe(text: str):
     return lambda tmp: (tmp / "r.toml").write_text(base + "[train]\nsteps = 4\nbatch_size = 2\nseq_len = 32\n" + text)
 
 
+def _run_dir_not_ours(tmp: Path) -> None:
+    _recipe("[data]\nretrieval_max_needles = 2\n")(tmp)
+    (tmp / "run" / "standard").mkdir(parents=True)
+    (tmp / "run" / "standard" / "data.csv").write_text("not a model")
+
+
 MISSING = lambda t: t.pop("model.layers.0.mlp.up_proj.weight")  # noqa: E731
 UNEXPECTED = lambda t: t.__setitem__("model.extra.weight", torch.zeros(3))  # noqa: E731
 WRONG_SHAPE = lambda t: t.__setitem__("model.layers.0.mlp.up_proj.weight", torch.zeros(5, 3))  # noqa: E731
@@ -132,6 +138,7 @@ CASES = [
     ("train-min-lr-above-lr", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("lr = 1e-3\nmin_lr = 1e-2\n"), "min_lr"),
     ("train-negative-warmup", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("warmup_steps = -5\n"), "warmup_steps"),
     ("train-needles-do-not-fit", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe(""), "cannot hold"),
+    ("train-force-over-foreign-dir", ["train", "{tmp}/r.toml", "--out", "{tmp}/run", "--force"], None, _run_dir_not_ours, "not written by quantdiff"),
     ("train-binary-recipe", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, lambda t: (t / "r.toml").write_bytes(b"\xff\xfe\x00\x81"), "not UTF-8"),
 ]
 if not torch.cuda.is_available():
@@ -211,10 +218,10 @@ def test_corrupt_training_checkpoint_is_one_load_error(tmp_path):
         checkpoint.restore({"standard": torch.nn.Linear(2, 2)}, {"standard": (None, [])})
 
 
-def _nan_model(tmp_path: Path) -> Path:
+def _nan_model(tmp_path: Path, tensor: str) -> Path:
     src = tmp_path / "nan"
     shutil.copytree(SOURCE, src)
-    _edit_weights(src, lambda t: t["model.layers.1.self_attn.q_proj.weight"].fill_(float("nan")))
+    _edit_weights(src, lambda t: t[tensor].fill_(float("nan")))
     return src
 
 
@@ -222,8 +229,9 @@ def _refuse_constant(name: str):
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-def test_stats_on_nan_weights_writes_strict_json_and_flags_the_table(tmp_path, capsys, monkeypatch):
-    src = _nan_model(tmp_path)
+@pytest.mark.parametrize("tensor", ["model.layers.1.self_attn.q_proj.weight", "model.embed_tokens.weight"], ids=["some-nan", "all-nan"])
+def test_stats_on_nan_weights_writes_strict_json_and_flags_the_table(tmp_path, capsys, monkeypatch, tensor):
+    src = _nan_model(tmp_path, tensor)
     monkeypatch.setenv("COLUMNS", "80")  # a pipe: rows must still be whole
     main(["stats", str(src), "--tokens", "256", "--json", str(tmp_path / "s.json")])
     out = capsys.readouterr().out
@@ -232,7 +240,7 @@ def test_stats_on_nan_weights_writes_strict_json_and_flags_the_table(tmp_path, c
     nan = block["nonfinite"]["nan"]
     share = nan / (nan + block["nonfinite"]["inf"] + block["count"])
     assert nan > 0 and (block["median"] is None or math.isfinite(block["median"]))
-    assert f"warning: nan: {share:.1%} of attention logits were non-finite ({nan:,} NaN" in " ".join(out.split()), out
+    assert f"warning: nan: {share:.1%} of attention logits were non-finite ({nan:,} NaN" in out, out
     # A whole table row on one line although stdout is not a terminal: label, model, six numbers, the count.
     row = next(line for line in out.splitlines() if "attention logits" in line and "│" in line)
     assert row.count("│") == 10 and f"{nan:,} NaN, 0 Inf ({share:.1%})" in row, row

@@ -131,7 +131,7 @@ def render(doc: dict, console=None, per_layer: bool = False) -> None:
     for model, key, label in flagged:
         nan, inf, share = nonfinite_share(model[key])
         console.print(f"[yellow]warning: {model['name']}: {share:.1%} of {label} were non-finite ({nan:,} NaN, {inf:,} Inf); "
-                      "every statistic above excludes them[/yellow]")
+                      "every statistic above excludes them[/yellow]", soft_wrap=True)
     for model in models:
         features = model["hidden_states"]["outlier_features"]
         console.print(f"{model['name']}: {features['count']} LLM.int8 outlier feature(s) in hidden states"

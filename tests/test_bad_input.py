@@ -139,6 +139,7 @@ CASES = [
     ("train-negative-warmup", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("warmup_steps = -5\n"), "warmup_steps"),
     ("train-needles-do-not-fit", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe(""), "cannot hold"),
     ("train-force-over-foreign-dir", ["train", "{tmp}/r.toml", "--out", "{tmp}/run", "--force"], None, _run_dir_not_ours, "not written by quantdiff"),
+    ("train-device-nonsense", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe('device = "nonsense"\n'), "[train] device"),
     ("train-binary-recipe", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, lambda t: (t / "r.toml").write_bytes(b"\xff\xfe\x00\x81"), "not UTF-8"),
 ]
 if not torch.cuda.is_available():
@@ -256,3 +257,20 @@ def test_json_writer_is_strict_and_keeps_modes(tmp_path):
         os.umask(old)
     assert json.loads((tmp_path / "x.json").read_text(), parse_constant=_refuse_constant) == {"a": None, "b": [None, 1.5]}
     assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o640
+
+
+def test_tied_weights_are_stored_once_and_still_checked(tmp_path):
+    """A tied lm_head is absent from the checkpoint and loads; the embedding it is tied to may not be missing."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quantdiff.models.loading import load
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=64, max_position_embeddings=32, tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "tied")
+    assert "lm_head.weight" not in load_file(tmp_path / "tied" / "model.safetensors")
+    model = load(tmp_path / "tied", device="cpu")
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    _edit_weights(tmp_path / "tied", lambda t: t.pop("model.embed_tokens.weight"))
+    with pytest.raises(LoadError, match="missing model.embed_tokens.weight"):
+        load(tmp_path / "tied", device="cpu")

@@ -72,7 +72,6 @@ def _hidden(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
 
 
-@pytest.mark.slow
 def test_sigkill_during_quantize_then_the_next_run_succeeds_and_cleans_up(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(SOURCE, src)
@@ -87,7 +86,6 @@ def test_sigkill_during_quantize_then_the_next_run_succeeds_and_cleans_up(tmp_pa
     assert tree_hashes(src) == source_hashes
 
 
-@pytest.mark.slow
 def test_sigkill_during_stats_json_then_the_next_run_succeeds_and_cleans_up(tmp_path):
     target = tmp_path / "s.json"
     _killed_mid_write(["stats", "tiny/diff", "--tokens", "128", "--quiet", "--json", str(target)])

@@ -19,6 +19,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+import torch
+
 from quantdiff.core.errors import ConfigError
 from quantdiff.data.needles import VALUE_LENGTH, min_document_tokens
 from quantdiff.models.names import ASSETS
@@ -170,6 +172,11 @@ def _check(recipe: Recipe) -> None:
         value = getattr(train, key)
         if not math.isfinite(value) or value < 0 or (key == "grad_clip" and value == 0):
             raise ConfigError(f"[train] {key} must be a finite number {'> 0' if key == 'grad_clip' else '>= 0'}, got {value}")
+    if train.device not in ("auto", ""):
+        try:
+            torch.device(train.device)  # the name only: whether this machine has that device is checked at training
+        except (RuntimeError, ValueError):
+            raise ConfigError(f"[train] device must be auto, cpu, cuda or cuda:N, got {train.device!r}") from None
     _check_sizes(recipe)
     _check_needles_fit(recipe)
 

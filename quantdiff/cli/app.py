@@ -76,7 +76,7 @@ def _one_line(text: object) -> str:
 def error_line(exc: BaseException) -> tuple[str, int]:
     """The `error:` line and exit code for an exception that reached the command line."""
     if isinstance(exc, _CLICK_EXCEPTION):
-        return f"error: {_one_line(exc.format_message())}", exc.exit_code
+        return f"error: {_one_line(exc.format_message()) or 'no command given (usage above)'}", exc.exit_code
     if isinstance(exc, QuantdiffError):
         return f"error: {_one_line(exc)}", 1
     if isinstance(exc, typer.Abort):

@@ -277,3 +277,16 @@ def test_tied_weights_are_stored_once_and_still_checked(tmp_path):
     _edit_weights(tmp_path / "tied", lambda t: t.pop("model.embed_tokens.weight"))
     with pytest.raises(LoadError, match="missing model.embed_tokens.weight"):
         load(tmp_path / "tied", device="cpu")
+
+
+def test_stored_copies_of_computed_buffers_are_not_unexpected(tmp_path):
+    """Older LLaMA conversions stored rotary inv_freq per layer: transformers recomputes it; loading goes on."""
+    from quantdiff.models.loading import load
+
+    src = tmp_path / "old"
+    shutil.copytree(ASSETS / "tiny" / "standard", src)
+    _edit_weights(src, lambda t: t.__setitem__("model.layers.0.self_attn.rotary_emb.inv_freq", torch.ones(8)))
+    load(src, device="cpu")
+    _edit_weights(src, lambda t: t.__setitem__("model.layers.0.self_attn.rotary_emb.other", torch.ones(8)))
+    with pytest.raises(LoadError, match="unexpected model.layers.0.self_attn.rotary_emb.other"):
+        load(src, device="cpu")

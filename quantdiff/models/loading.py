@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -157,13 +158,23 @@ def _tied_groups(model: torch.nn.Module) -> dict[str, set[str]]:
     return groups
 
 
+def _computed_buffer(model: torch.nn.Module, key: str) -> bool:
+    """A stored copy of a buffer the model computes itself (older checkpoints saved rotary inv_freq per layer,
+    and position_ids), or a key the architecture declares ignorable: harmless to leave unread."""
+    buffers = [name for name, _ in model.named_buffers()]
+    if key in buffers or any(key.endswith(s) and any(b.endswith(s) for b in buffers) for s in ("rotary_emb.inv_freq", "position_ids")):
+        return True
+    patterns = getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()
+    return any(re.search(pattern, key) for pattern in patterns)
+
+
 def check_tensors(model: torch.nn.Module, stored: dict[str, tuple[int, ...]], where: str | Path) -> None:
     """LoadError naming the first few tensors the model has but `stored` lacks, has but the model does not,
     or has with another shape. Tied weights need one stored copy; non-persistent buffers are not expected."""
     expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
     groups = _tied_groups(model)
     missing = [k for k in expected if not any(name in stored for name in groups.get(k, {k}))]
-    unexpected = [k for k in stored if k not in expected]
+    unexpected = [k for k in stored if k not in expected and not _computed_buffer(model, k)]
     wrong = [f"{k} {list(stored[k])} (model: {list(expected[k])})" for k in stored if k in expected and stored[k] != expected[k]]
     problems = [f"{what} {', '.join(names[:SHOWN])}" + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
                 for what, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)) if names]

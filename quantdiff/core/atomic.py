@@ -49,9 +49,10 @@ def _start_time(pid: int) -> int | None:
     return int(text.rsplit(")", 1)[1].split()[19])  # field 22; the command name before ")" may hold spaces
 
 
-def temporary_prefix(name: str) -> str:
-    """Hidden prefix of a temporary for target `name`, identifying this process across pid reuse."""
-    return f".{name}.tmp-{os.getpid()}-{_start_time(os.getpid()) or 0}-"
+def temporary_prefix(name: str, role: str = "tmp") -> str:
+    """Hidden prefix of a temporary for target `name` ("tmp": being written, "old": being replaced), identifying
+    this process across pid reuse."""
+    return f".{name}.{role}-{os.getpid()}-{_start_time(os.getpid()) or 0}-"
 
 
 def remove_stale_temporaries(directory: str | Path) -> list[Path]:

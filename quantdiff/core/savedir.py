@@ -42,7 +42,7 @@ def check_target(out: str | Path, force: bool, sources: Iterable[str | Path] = (
     `force`, and even with it one quantdiff did not write, or one that is or holds a `sources` directory."""
     out = Path(out)
     if out.name in ("", ".", ".."):
-        raise ConfigError(f"{flag} must name a directory to create, got {str(out)!r}")
+        raise ConfigError(f"{flag} must name the directory to write, not {str(out)!r} (an empty name is the current directory)")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{flag} exists and is not a directory: {out}")
     resolved = out.resolve()
@@ -72,7 +72,7 @@ def atomic_dir(out: str | Path, force: bool = False, kind: str = "output", sourc
             mark(tmp, kind)
             yield tmp
             if out.exists():
-                old = out.with_name(temporary_prefix(out.name).replace(".tmp-", ".old-") + "0")
+                old = out.with_name(temporary_prefix(out.name, "old") + tmp.name.rsplit("-", 1)[-1])
                 out.rename(old)
                 tmp.rename(out)
                 shutil.rmtree(old)

@@ -40,6 +40,7 @@ def quantize(
     # Every argument is checked before anything is loaded or written; an option the mode ignores is an error.
     if method != "llm-int8":
         refuse_unused(f"with --method {method} (it is the llm-int8 outlier threshold)", threshold=threshold)
+    check_positive(threshold=threshold)  # also refuses nan and inf: an export with them would never load
     fmt = parse_export(method, bits, 6.0 if threshold is None else threshold)
     attention = None
     if attention_bits is None:

@@ -125,6 +125,8 @@ CASES = [
     ("pair-layers-negative", ["pair", "{tmp}/p", "--layers", "-2"], None, None, "--layers must be positive"),
     ("info-device-nonsense", ["info", "{src}", "--device", "nonsense"], None, None, "unknown device"),
     ("stats-device-nonsense", ["stats", "{src}", "--device", "nonsense"], None, None, "unknown device"),
+    ("sweep-device-nonsense", ["sweep", "{src}", "--device", "nonsense"], None, None, "unknown device"),
+    ("eval-device-nonsense", ["eval", "{src}", "--device", "nonsense"], None, None, "unknown device"),
     ("reproduce-device-nonsense", ["reproduce", "tiny", "--out", "{tmp}/r", "--device", "nonsense"], None, None, "unknown device"),
     ("quantize-out-is-source", ["quantize", "{src}", "--out", "{src}", "--force"], None, None, "is the input model"),
     ("quantize-out-is-parent", ["quantize", "{src}", "--out", "{tmp}", "--force"], None, None, "contains the input model"),
@@ -149,6 +151,8 @@ if not torch.cuda.is_available():
     CASES += [
         ("info-device-cuda-without-gpu", ["info", "{src}", "--device", "cuda"], None, None, "CUDA is not available"),
         ("stats-device-cuda-without-gpu", ["stats", "{src}", "--device", "cuda"], None, None, "CUDA is not available"),
+        ("reproduce-device-cuda-without-gpu", ["reproduce", "tiny", "--out", "{tmp}/r", "--device", "cuda"], None, None, "CUDA is not available"),
+        ("sweep-device-cuda-without-gpu", ["sweep", "{src}", "--device", "cuda:0"], None, None, "CUDA is not available"),
     ]
 
 

@@ -19,15 +19,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from quantdiff.core.errors import ConfigError, QuantdiffError
+from quantdiff.core.errors import ConfigError, DiskFullError, QuantdiffError
 
 # `.<name>.tmp-<pid>-<start>-<random>` (a file or directory being written) or `.<name>.old-<pid>-<start>-…`
 # (a replaced directory about to be deleted).
 _TEMPORARY = re.compile(r"^\..+\.(?:tmp|old)-(?P<pid>\d+)-(?P<start>\d+)-")
-
-
-class DiskFullError(QuantdiffError):
-    """An output could not be written because its file system is full (nothing partial is left)."""
 
 
 def _start_time(pid: int) -> int | None:

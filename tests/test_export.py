@@ -159,7 +159,7 @@ def test_include_lm_head(sources, tmp_path):
 def test_directory_config_metadata_and_size(sources, tmp_path):
     summary = export_quantized(sources["diff"], tmp_path / "q", AbsmaxExport(4))
     out = tmp_path / "q"
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".quantdiff-output", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json"]
     assert (out / "tokenizer.json").read_bytes() == (sources["diff"] / "tokenizer.json").read_bytes()
     qc = json.loads((out / "config.json").read_text())["quantization_config"]
     assert qc["quant_method"] == "quantdiff" and qc["method"] == "absmax" and qc["bits"] == 4

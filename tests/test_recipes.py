@@ -22,6 +22,8 @@ steps = 4
 batch_size = 2
 seq_len = 32
 lr = 1
+[data]
+retrieval_max_needles = 2
 """
 
 

@@ -1,4 +1,11 @@
-"""The `quantdiff` command line: assembles the typer app and turns expected failures into one line."""
+"""The `quantdiff` command line: assembles the typer app and turns every failure into one line.
+
+One error path: whatever exception reaches `main` becomes exactly one `error:` line on stderr and a non-zero
+exit code. Expected failures (QuantdiffError, usage errors, OS errors such as a missing permission) print
+their message; anything else is a bug or an unforeseen condition and prints
+`error: internal error: <Type>: <message> (run with QUANTDIFF_DEBUG=1 for the traceback)`, exit code 3.
+With QUANTDIFF_DEBUG=1 the exception propagates with its traceback instead.
+"""
 
 from __future__ import annotations
 
@@ -58,26 +65,45 @@ def _quiet_transformers() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
+DEBUG_VARIABLE = "QUANTDIFF_DEBUG"
+INTERNAL_ERROR_EXIT = 3
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def error_line(exc: BaseException) -> tuple[str, int]:
+    """The `error:` line and exit code for an exception that reached the command line."""
+    if isinstance(exc, _CLICK_EXCEPTION):
+        return f"error: {_one_line(exc.format_message()) or 'no command given (usage above)'}", exc.exit_code
+    if isinstance(exc, QuantdiffError):
+        return f"error: {_one_line(exc)}", 1
+    if isinstance(exc, typer.Abort):
+        return "error: aborted", 130
+    if isinstance(exc, KeyboardInterrupt):
+        return "error: interrupted", 130
+    if isinstance(exc, MemoryError):
+        return "error: out of memory", 1
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"error: {_one_line(exc.strerror)}{where}", 1
+    message = f": {_one_line(exc)}" if str(exc).strip() else ""
+    return f"error: internal error: {type(exc).__name__}{message} (run with {DEBUG_VARIABLE}=1 for the traceback)", INTERNAL_ERROR_EXIT
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: usage errors and QuantdiffError become `error: <one line>` and exit code 2 / 1."""
-    app = build_app()
+    """Entry point: every exception becomes one `error:` line and a non-zero exit (see the module docstring)."""
     _quiet_transformers()
     try:
-        app(args=argv, standalone_mode=False)
+        build_app()(args=argv, standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
-        typer.echo("error: aborted", err=True)
-        sys.exit(130)
-    except _CLICK_EXCEPTION as exc:
-        typer.echo(f"error: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except QuantdiffError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        typer.echo("error: interrupted", err=True)
-        sys.exit(130)
-    except (OSError, MemoryError) as exc:
-        typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(1)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        if os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
+            raise
+        line, code = error_line(exc)
+        typer.echo(line, err=True)
+        sys.exit(code)

@@ -15,3 +15,7 @@ class ConfigError(QuantdiffError):
 
 class DataError(QuantdiffError):
     """Input data is missing, empty, malformed or does not fit the model."""
+
+
+class DiskFullError(QuantdiffError):
+    """An output could not be written because its file system is full (nothing partial is left)."""

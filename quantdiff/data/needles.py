@@ -145,6 +145,15 @@ def random_needles(rng: random.Random, n: int, value_length: int = VALUE_LENGTH)
     return [(k, " ".join(words[i * value_length : (i + 1) * value_length])) for i, k in enumerate(keys)]
 
 
+def min_document_tokens(n_needles: int, n_queries: int = 1, value_length: int = VALUE_LENGTH) -> int:
+    """A lower bound on the tokens of any document with these needles, whatever the tokenizer: the filler may
+    be empty, and every word of the needle, query and answer sentences is at least one token."""
+    value = " ".join(["v"] * value_length)
+    needle = len(NEEDLE.format(key="k", value=value).split())
+    query = len(QUERY.format(key="k").split()) + len(ANSWER.format(value=value).split())
+    return n_needles * needle + n_queries * query
+
+
 def make_needle_example(
     rng: random.Random,
     filler: Filler,

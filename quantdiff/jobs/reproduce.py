@@ -14,7 +14,8 @@ from pathlib import Path
 from quantdiff.core.errors import ConfigError
 from quantdiff.models.pairs import KINDS
 from quantdiff.train.recipe import Recipe, load_recipe
-from quantdiff.core.savedir import atomic_dir, check_target
+from quantdiff.core.atomic import write_json
+from quantdiff.core.savedir import atomic_dir, check_target, is_marked
 
 RUNS = Path("runs")
 
@@ -72,13 +73,13 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     from quantdiff.report.markdown import write_report_markdown
     from quantdiff.jobs.stats import StatsOptions
     from quantdiff.jobs.stats import run as run_stats
-    from quantdiff.core.atomic import write_json
     from quantdiff.eval.sweep import Cell, cells_to_json, plan_sweep
     from quantdiff.report.sweep_report import plot_sweep
 
-    replace = options.force or (options.out / "report.md").is_file()  # an earlier report is ours to replace
+    replace = options.force or is_marked(options.out)  # an earlier report is ours to replace
     check_target(options.out, replace)  # before any training or loading
     recipe, dirs = find_pair(options.target, console)
+    check_target(options.out, replace, dirs.values())  # never the pair being analysed, nor a directory holding it
     analysis = recipe.analysis
     tasks = _tasks(recipe, options)
     methods = [method_name(m) for m in analysis.methods]  # recipes may write llm_int8
@@ -89,7 +90,7 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     attention_plan = plan_sweep(methods, analysis.bits, attention_sites)
     specs = list(dirs.items())  # models are named by kind in every table and JSON of the report
     started = time.perf_counter()
-    with atomic_dir(options.out, force=replace) as tmp:
+    with atomic_dir(options.out, force=replace, kind="report", sources=dirs.values()) as tmp:
         console.print(f"statistics over {options.stats_tokens or analysis.stats_tokens:,} held-out tokens per model")
         stats_doc = run_stats(
             StatsOptions(

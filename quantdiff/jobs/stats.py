@@ -7,12 +7,12 @@ by `plan` before any model runs; outputs are written atomically by rank 0 only.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import quantdiff.attention.backend as attention
 from quantdiff.data.sources import BUILTIN_CORPUS, BUILTINS, Batch, shard
+from quantdiff.core.atomic import writable_target
 from quantdiff.core.errors import ConfigError, DataError
 from quantdiff.core.device import resolve_device
 from quantdiff.core.progress import rate_column, task_bars
@@ -62,8 +62,8 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
         raise DataError(f"data file not found: {options.data}" if not Path(options.data).exists() else f"data path is not a file: {options.data}")
     if options.tile_size is not None and options.tile_size < 1:
         raise ConfigError(f"--tile-size must be positive (0 = no tiling), got {options.tile_size}")
-    if options.json_path is not None and options.json_path.is_dir():
-        raise ConfigError(f"--json path is a directory: {options.json_path}")
+    if options.json_path is not None:
+        writable_target(options.json_path)  # not a directory, device, FIFO or socket: refused before any work
     if options.plot_dir is not None and options.plot_dir.exists() and not options.plot_dir.is_dir():
         raise ConfigError(f"--plot path exists and is not a directory: {options.plot_dir}")
     named = resolve_models(options.models)  # the same model names as `quantdiff sweep` gives
@@ -142,9 +142,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     if options.plot_dir is not None:
         write_plots(options.plot_dir, named)
     if not quiet:
-        from rich.console import Console
-
-        render(doc, Console(width=None if sys.stdout.isatty() else 120), per_layer)  # pipes get full rows, not 80 columns
+        render(doc, per_layer=per_layer)  # its console prints whole rows when piped
     return doc
 
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -20,6 +23,8 @@ from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+SHOWN = 3  # names listed in a mismatch message
 
 
 def check_model_dir(path: str | Path) -> Path:
@@ -47,9 +52,12 @@ def check_model_dir(path: str | Path) -> Path:
 
 def _check_safetensors(file: Path) -> None:
     """Parse the header and check that every tensor's bytes are present: catches truncated or corrupt files."""
+    size = file.stat().st_size
     try:
         with file.open("rb") as f:
             header_len = int.from_bytes(f.read(8), "little")
+            if size < 8 or header_len > min(size - 8, MAX_HEADER_BYTES):  # read nothing absurd into memory
+                raise LoadError(f"corrupt safetensors file {file}: its header claims {header_len:,} bytes of a {size:,}-byte file")
             header = json.loads(f.read(header_len))
         data_end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
@@ -103,20 +111,92 @@ def load(
     config = load_config(path, trust_remote_code)
     attention.register()
     _check_uses_registry(config)
+    # Mismatched shapes are reported by check_checkpoint_tensors, in one line, instead of transformers' report.
     kwargs = dict(
-        local_files_only=True, trust_remote_code=trust_remote_code, use_safetensors=True, attn_implementation=attention.BACKEND_NAME
+        local_files_only=True, trust_remote_code=trust_remote_code, use_safetensors=True, attn_implementation=attention.BACKEND_NAME,
+        ignore_mismatched_sizes=True,
     )
     if dtype is not None:
         kwargs["dtype"] = dtype
     if device_map is not None:
         kwargs["device_map"] = device_map
     try:
-        model = AutoModelForCausalLM.from_pretrained(Path(path), config=copy.deepcopy(config), **kwargs)
+        with quiet_load_report():
+            model = AutoModelForCausalLM.from_pretrained(Path(path), config=copy.deepcopy(config), **kwargs)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise LoadError(f"cannot load {path}: {str(exc).splitlines()[0]}") from None
+    check_checkpoint_tensors(model, Path(path))
     if device_map is None:
         model.to(resolve_device(device))
     return prepare(model, tile_size)
+
+
+@contextmanager
+def quiet_load_report() -> Iterator[None]:
+    """transformers logs a multi-line table of missing/unexpected/mismatched keys; we report them in one line."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of every safetensors file in a model directory, read from the headers only."""
+    shapes = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
+    return shapes
+
+
+def _tied_groups(model: torch.nn.Module) -> dict[str, set[str]]:
+    """{state_dict key: every key holding the same tensor}: a checkpoint stores tied weights once."""
+    groups: dict[str, set[str]] = {}
+    by_storage: dict[tuple, set[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if tensor.device.type != "meta" and tensor.numel():
+            by_storage.setdefault((tensor.device, tensor.untyped_storage().data_ptr()), set()).add(name)
+    for names in by_storage.values():
+        for name in names:
+            groups[name] = names
+    for target, source in (getattr(model, "all_tied_weights_keys", None) or {}).items():
+        tied = groups.get(target, {target}) | groups.get(source, {source})
+        for name in tied:
+            groups[name] = tied
+    return groups
+
+
+def _computed_buffer(model: torch.nn.Module, key: str) -> bool:
+    """A stored copy of a buffer the model computes itself (older checkpoints saved rotary inv_freq per layer,
+    and position_ids), or a key the architecture declares ignorable: harmless to leave unread."""
+    buffers = [name for name, _ in model.named_buffers()]
+    if key in buffers or any(key.endswith(s) and any(b.endswith(s) for b in buffers) for s in ("rotary_emb.inv_freq", "position_ids")):
+        return True
+    patterns = getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()
+    return any(re.search(pattern, key) for pattern in patterns)
+
+
+def check_tensors(model: torch.nn.Module, stored: dict[str, tuple[int, ...]], where: str | Path) -> None:
+    """LoadError naming the first few tensors the model has but `stored` lacks, has but the model does not,
+    or has with another shape. Tied weights need one stored copy; non-persistent buffers are not expected."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+    groups = _tied_groups(model)
+    missing = [k for k in expected if not any(name in stored for name in groups.get(k, {k}))]
+    unexpected = [k for k in stored if k not in expected and not _computed_buffer(model, k)]
+    wrong = [f"{k} {list(stored[k])} (model: {list(expected[k])})" for k in stored if k in expected and stored[k] != expected[k]]
+    problems = [f"{what} {', '.join(names[:SHOWN])}" + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+                for what, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)) if names]
+    if problems:
+        raise LoadError(f"{where} does not hold exactly the tensors of {type(model).__name__}: {'; '.join(problems)}")
+
+
+def check_checkpoint_tensors(model: torch.nn.Module, path: Path) -> None:
+    """After from_pretrained: transformers initialises a missing tensor randomly and goes on; we refuse."""
+    check_tensors(model, stored_shapes(path), path)
 
 
 def prepare(model: PreTrainedModel, tile_size: int | None = attention.DEFAULT_TILE_SIZE) -> PreTrainedModel:
@@ -134,4 +214,5 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
-        raise LoadError(f"no usable tokenizer in {path}: {str(exc).splitlines()[0]}") from None
+        reason = " ".join(str(exc).split()) or type(exc).__name__  # whole sentences, on one line
+        raise LoadError(f"no usable tokenizer in {path}: {reason}") from None

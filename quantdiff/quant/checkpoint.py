@@ -93,10 +93,8 @@ def load_quantized(
         except (KeyError, ValueError, RuntimeError) as exc:
             raise LoadError(f"cannot decode {fqn} in {file}: {exc}") from None
     state.update(stored)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "_tied_weights_keys", None) or {})
-    if unexpected or set(missing) - tied:
-        raise LoadError(f"{file} does not fit {type(model).__name__}: missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
+    loading.check_tensors(model, {name: tuple(t.shape) for name, t in state.items()}, file)
+    model.load_state_dict(state, strict=False)  # strict=False: a tied weight is stored once, re-tied below
     model.tie_weights()
     model.to(device=resolve_device(device), dtype=dtype)
     loading.prepare(model, tile_size)

@@ -13,7 +13,8 @@ from torch import nn
 
 from quantdiff import __version__
 from quantdiff.core.errors import ConfigError, LoadError
-from quantdiff.core.savedir import atomic_dir, check_target
+from quantdiff.core.atomic import json_text
+from quantdiff.core.savedir import MARKER, atomic_dir, check_target
 from quantdiff.models.loading import PICKLE_SUFFIXES, load
 from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors
 from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets
@@ -51,7 +52,7 @@ def export_quantized(
     allow_partial: accept decoder layers without an nn.Linear to quantize (else ConfigError naming them).
     """
     source, out = Path(source), Path(out)
-    check_target(out, force)  # before the (slow) load: a refused target costs nothing
+    check_target(out, force, [source])  # before the (slow) load: a refused target costs nothing
     if attention is not None and isinstance(attention.site, LinearSite):
         raise ConfigError("only an attention quantization (site logits or qk) can be recorded with an export")
     model = load(source, device="cpu")
@@ -87,8 +88,8 @@ def export_quantized(
     else:  # transformers reads the bitsandbytes part, quantdiff its own section
         config["quantization_config"] = {**fmt.hf_config(skipped, dtype), "quantdiff": section}
     metadata = {"format": "pt", "quantdiff_version": __version__, "quantization_config": json.dumps(section, sort_keys=True)}
-    with atomic_dir(out, force) as tmp:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    with atomic_dir(out, force, kind="export", sources=[source]) as tmp:
+        (tmp / "config.json").write_text(json_text(config, indent=2, sort_keys=True))
         _copy_side_files(source, tmp)
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata=metadata)
         _verify(tmp / WEIGHTS_NAME, tensors)  # before the rename: a checkpoint that does not read back never appears
@@ -106,10 +107,10 @@ def _tied_to_other(model: nn.Module, targets: list[tuple[str, nn.Linear]]) -> st
 
 
 def _copy_side_files(source: Path, target: Path) -> None:
-    """Tokenizer and generation settings; never weights, pickles, the weight index or the old config."""
+    """Tokenizer and generation settings; never weights, pickles, the weight index, the old config or marker."""
     for file in source.iterdir():
         if file.is_file() and file.suffix not in (".safetensors", *PICKLE_SUFFIXES):
-            if file.name not in ("config.json", "model.safetensors.index.json"):
+            if file.name not in ("config.json", "model.safetensors.index.json", MARKER):
                 shutil.copy2(file, target / file.name)
 
 

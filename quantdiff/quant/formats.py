@@ -16,6 +16,8 @@ activations quantized at run time, as bitsandbytes does.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +62,10 @@ class LLMInt8Export:
 
     name = "llm-int8"
     bits = 8
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.threshold) or self.threshold <= 0:  # an export that would never load back
+            raise ConfigError(f"llm-int8 threshold must be a positive finite number, got {self.threshold}")
 
     def encode(self, weight: torch.Tensor) -> Tensors:
         result = vectorwise_quantize(weight, self.bits)  # bitsandbytes' int8_vectorwise_quant: weights have no outliers

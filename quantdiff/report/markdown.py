@@ -24,7 +24,7 @@ def _topk_values(block: dict) -> list[float]:
 def table5_row(block: dict) -> list[float | None]:
     """Top-1, 2, 3, 10, 100 and median of one activation block of the stats JSON (None where fewer values exist)."""
     values = _topk_values(block)
-    return [values[k - 1] if len(values) >= k else None for k in TOPK_COLUMNS] + [float(block["median"])]
+    return [values[k - 1] if len(values) >= k else None for k in TOPK_COLUMNS] + [None if block["median"] is None else float(block["median"])]
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:

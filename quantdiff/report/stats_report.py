@@ -9,11 +9,13 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+import quantdiff.core.atomic as atomic
 import quantdiff.report.paper as paper
 from quantdiff.report.markdown import ACTIVATIONS, table5_row
 from quantdiff.report.numbers import number, ratio
 from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR, bin_midpoints
 from quantdiff.stats.model_stats import ModelStats
+
 
 def table5_values(stats: ModelStats | dict) -> dict[str, dict[str, float | None]]:
     """{activation: {"Top-1": …, "Top-2", "Top-3", "Top-10", "Top-100", "Median"}} of ModelStats or a model entry."""
@@ -21,24 +23,51 @@ def table5_values(stats: ModelStats | dict) -> dict[str, dict[str, float | None]
     return {key: dict(zip(paper.TABLE5_COLUMNS, table5_row(entry[key]))) for key in ACTIVATIONS}
 
 
-def render(doc: dict, console, per_layer: bool = False) -> None:
-    """Table 5 layout: rows = activation × model (+ ratio rows first ÷ other), columns Top-1 … Median."""
+def nonfinite_share(block: dict) -> tuple[int, int, float]:
+    """(NaN count, Inf count, their share of all values seen) of one activation block; statistics exclude them."""
+    nan, inf = block["nonfinite"]["nan"], block["nonfinite"]["inf"]
+    total = block["count"] + nan + inf
+    return nan, inf, (nan + inf) / total if total else 0.0
+
+
+def _nonfinite_cell(block: dict) -> str:
+    nan, inf, share = nonfinite_share(block)
+    return f"{nan:,} NaN, {inf:,} Inf ({share:.1%})" if nan or inf else "0"
+
+
+def render(doc: dict, console=None, per_layer: bool = False) -> None:
+    """Table 5 layout: rows = activation × model (+ ratio rows first ÷ other), columns Top-1 … Median.
+
+    Non-finite activations (excluded from every statistic) get a column and a warning line per model and
+    activation, so a table of normal-looking numbers never hides that a share of the values was NaN or Inf.
+    `console`: default, one that prints whole rows when piped.
+    """
     from rich.table import Table
 
+    from quantdiff.report.console import table_console
+
     models = doc["models"]
+    flagged = [(m, key, label) for key, label in ACTIVATIONS.items() for m in models if sum(nonfinite_share(m[key])[:2])]
     bound = f"median within ±{QUANTILE_RELATIVE_ERROR:.3%} (relative) of exact"
     table = Table(title=f"Largest |activation| values — {doc['data']['tokens']:,} tokens per model", caption=bound)
-    for column in ("activation", "model", *paper.TABLE5_COLUMNS):
+    extra = ("non-finite",) if flagged else ()
+    for column in ("activation", "model", *paper.TABLE5_COLUMNS, *extra):
         label_column = column in ("activation", "model")
         table.add_column(column, justify="left" if label_column else "right", no_wrap=label_column)
     for key, label in ACTIVATIONS.items():
         rows = [table5_row(m[key]) for m in models]
         for i, (model, row) in enumerate(zip(models, rows)):
-            table.add_row(label if i == 0 else "", model["name"], *map(number, row))
+            table.add_row(label if i == 0 else "", model["name"], *map(number, row), *(_nonfinite_cell(model[key]) for _ in extra))
         for model, row in list(zip(models, rows))[1:]:
-            table.add_row("", f"{models[0]['name']}÷{model['name']}", *(ratio(a, b) for a, b in zip(rows[0], row)), style="dim")
+            ratios = (ratio(a, b) for a, b in zip(rows[0], row))
+            table.add_row("", f"{models[0]['name']}÷{model['name']}", *ratios, *("" for _ in extra), style="dim")
         table.add_section()
+    console = console or table_console(table)
     console.print(table)
+    for model, key, label in flagged:
+        nan, inf, share = nonfinite_share(model[key])
+        console.print(f"[yellow]warning: {model['name']}: {share:.1%} of {label} were non-finite ({nan:,} NaN, {inf:,} Inf); "
+                      "every statistic above excludes them[/yellow]", soft_wrap=True)
     for model in models:
         features = model["hidden_states"]["outlier_features"]
         console.print(f"{model['name']}: {features['count']} LLM.int8 outlier feature(s) in hidden states"
@@ -84,43 +113,57 @@ def write_plots(directory: str | Path, named: Sequence[tuple[str, ModelStats]]) 
         from quantdiff.core.errors import ConfigError
 
         raise ConfigError(f"--plot path exists and is not a directory: {directory}")
+    created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".plots.tmp-", dir=directory))
+    atomic.remove_stale_temporaries(directory)
+    tmp = Path(tempfile.mkdtemp(prefix=atomic.temporary_prefix("plots"), dir=directory))
     try:
-        names = []
-        for key, label in ACTIVATIONS.items():
-            fig, ax = plt.subplots(figsize=(7, 4))
-            width = 0.8 / len(named)
-            for i, (name, stats) in enumerate(named):
-                groups = stats.logits if key == "attention_logits" else stats.hidden
-                per_group = groups.top_values[:, 0].cpu().clamp(min=0)
-                per_layer = per_group.view(stats.layers, -1).amax(dim=1)
-                ax.bar([l - 0.4 + (i + 0.5) * width for l in range(stats.layers)], per_layer.tolist(), width, label=name)
-            ax.set(xlabel="layer", ylabel="max |x| (Top-1)", title=f"{label}: Top-1 per layer")
-            ax.set_xticks(range(max(stats.layers for _, stats in named)))
-            ax.legend()
-            names.append(_save(fig, tmp / f"top1_per_layer_{key}.png", plt))
-            fig, ax = plt.subplots(figsize=(7, 4))
-            mids = bin_midpoints()
-            for name, stats in named:
-                groups = stats.logits if key == "attention_logits" else stats.hidden
-                hist = groups.hist.sum(dim=0).cpu().double()
-                total = float(hist.sum())
-                if total == 0:
-                    continue
-                ccdf = 1.0 - hist.cumsum(0) / total  # P(|x| > bin)
-                keep = (hist > 0) & (ccdf > 0) & (mids > 0)
-                ax.loglog(mids[keep].tolist(), ccdf[keep].tolist(), label=name)
-            ax.set(xlabel="|x|", ylabel="P(|X| > x)", title=f"{label}: |x| CCDF")
-            ax.legend()
-            names.append(_save(fig, tmp / f"ccdf_{key}.png", plt))
-        out = []
-        for path in names:
-            os.replace(path, directory / path.name)
-            out.append(directory / path.name)
-        return out
+        with atomic.disk_full_as_error(directory):
+            return _plot_into(directory, tmp, named, plt)
+    except BaseException:
+        if created:  # no empty directory left behind by a failed run
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plot_into(directory: Path, tmp: Path, named: Sequence[tuple[str, ModelStats]], plt) -> list[Path]:
+    """Render every plot into `tmp`, then move them into `directory` (file by file, each atomically)."""
+    names = []
+    for key, label in ACTIVATIONS.items():
+        fig, ax = plt.subplots(figsize=(7, 4))
+        width = 0.8 / len(named)
+        for i, (name, stats) in enumerate(named):
+            groups = stats.logits if key == "attention_logits" else stats.hidden
+            per_group = groups.top_values[:, 0].cpu().clamp(min=0)
+            per_layer = per_group.view(stats.layers, -1).amax(dim=1)
+            ax.bar([l - 0.4 + (i + 0.5) * width for l in range(stats.layers)], per_layer.tolist(), width, label=name)
+        ax.set(xlabel="layer", ylabel="max |x| (Top-1)", title=f"{label}: Top-1 per layer")
+        ax.set_xticks(range(max(stats.layers for _, stats in named)))
+        ax.legend()
+        names.append(_save(fig, tmp / f"top1_per_layer_{key}.png", plt))
+        fig, ax = plt.subplots(figsize=(7, 4))
+        mids = bin_midpoints()
+        for name, stats in named:
+            groups = stats.logits if key == "attention_logits" else stats.hidden
+            hist = groups.hist.sum(dim=0).cpu().double()
+            total = float(hist.sum())
+            if total == 0:
+                continue
+            ccdf = 1.0 - hist.cumsum(0) / total  # P(|x| > bin)
+            keep = (hist > 0) & (ccdf > 0) & (mids > 0)
+            ax.loglog(mids[keep].tolist(), ccdf[keep].tolist(), label=name)
+        ax.set(xlabel="|x|", ylabel="P(|X| > x)", title=f"{label}: |x| CCDF")
+        ax.legend()
+        names.append(_save(fig, tmp / f"ccdf_{key}.png", plt))
+    out = []
+    for path in names:
+        os.chmod(path, atomic.default_mode())
+        os.replace(path, directory / path.name)
+        out.append(directory / path.name)
+    return out
 
 
 def _save(fig, path: Path, plt) -> Path:

@@ -28,15 +28,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import quantdiff.data.corpus as corpus
 from quantdiff.core.device import resolve_device
-from quantdiff.core.errors import ConfigError
+from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import progress_bar
 from quantdiff.models.pairs import KINDS, build_pair, lambda_parameter_count, parameter_count
 from quantdiff.train.recipe import Recipe, TrainConfig
+from quantdiff.core.atomic import json_text
 from quantdiff.core.savedir import atomic_dir
 from quantdiff.data.needles import VALUE_LENGTH, Filler, NeedleExample, make_needle_example, vocabulary_text
 from quantdiff.models.tokenizer import save_tokenizer, train_bpe
@@ -221,19 +223,29 @@ class Checkpoint:
             for kind, model in models.items():
                 weights = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
                 save_file(weights | optimizer_tensors(*optimizers[kind]), tmp / f"{kind}.safetensors")
-            (tmp / "state.json").write_text(json.dumps(state))
+            (tmp / "state.json").write_text(json_text(state, indent=None))
 
     def load_state(self) -> dict:
-        return json.loads((self.dir / "state.json").read_text())
+        try:
+            state = json.loads((self.dir / "state.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise LoadError(f"corrupt training checkpoint {self.dir}: state.json is unreadable ({type(exc).__name__}); remove it or pass --force") from None
+        if not isinstance(state, dict) or not {"recipe", "step", "elapsed_s", "loss", "held_out"} <= set(state):
+            raise LoadError(f"corrupt training checkpoint {self.dir}: state.json lacks its fields; remove it or pass --force")
+        return state
 
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(str(self.dir / "tokenizer"), local_files_only=True)
 
     def restore(self, models, optimizers) -> None:
         for kind, model in models.items():
-            tensors = load_file(self.dir / f"{kind}.safetensors")
-            model.load_state_dict({k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")})
-            load_optimizer_tensors(*optimizers[kind], {k: v for k, v in tensors.items() if k.startswith("optim.")})
+            try:
+                tensors = load_file(self.dir / f"{kind}.safetensors")
+                model.load_state_dict({k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")})
+                load_optimizer_tensors(*optimizers[kind], {k: v for k, v in tensors.items() if k.startswith("optim.")})
+            except (SafetensorError, OSError, RuntimeError, KeyError, ValueError) as exc:
+                reason = " ".join(str(exc).split())[:200]
+                raise LoadError(f"corrupt training checkpoint {self.dir / f'{kind}.safetensors'}: {reason}; remove it or pass --force") from None
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -379,5 +391,5 @@ def finish(recipe: Recipe, out: Path, data: PairData, models: dict, state: dict,
             model.save_pretrained(tmp, safe_serialization=True)
             save_tokenizer(data.tokenizer, tmp)
             (tmp / "recipe.toml").write_text(recipe.source)
-            (tmp / "train_log.json").write_text(json.dumps(log, indent=1))
+            (tmp / "train_log.json").write_text(json_text(log, indent=1))
     return paths

@@ -8,6 +8,7 @@ shipped pair (`quantdiff/assets/<name>/standard/recipe.toml`): the recipe that t
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -18,7 +19,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+import torch
+
 from quantdiff.core.errors import ConfigError
+from quantdiff.data.needles import VALUE_LENGTH, min_document_tokens
 from quantdiff.models.names import ASSETS
 from quantdiff.models.pairs import SizePreset, preset_from_dict
 from quantdiff.quant.numerics import check_bits
@@ -160,6 +164,23 @@ def _check(recipe: Recipe) -> None:
         raise ConfigError(f"[train] seq_len={train.seq_len} exceeds max_position_embeddings={recipe.model.max_position_embeddings}")
     if recipe.model.vocab_size < 259:
         raise ConfigError("vocab_size must be at least 259 (256 bytes + 3 special tokens)")
+    if not math.isfinite(train.lr) or train.lr <= 0:
+        raise ConfigError(f"[train] lr must be a positive finite number, got {train.lr}")
+    if not math.isfinite(train.min_lr) or not 0 <= train.min_lr <= train.lr:
+        raise ConfigError(f"[train] min_lr must be in [0, lr={train.lr}], got {train.min_lr}")
+    if train.warmup_steps < 0 or train.eval_batches < 1:
+        raise ConfigError("[train] warmup_steps must be at least 0 and eval_batches at least 1")
+    for key in ("weight_decay", "grad_clip"):
+        value = getattr(train, key)
+        if not math.isfinite(value) or value < 0 or (key == "grad_clip" and value == 0):
+            raise ConfigError(f"[train] {key} must be a finite number {'> 0' if key == 'grad_clip' else '>= 0'}, got {value}")
+    if train.device not in ("auto", ""):
+        try:
+            torch.device(train.device)  # the name only: whether this machine has that device is checked at training
+        except (RuntimeError, ValueError):
+            raise ConfigError(f"[train] device must be auto, cpu, cuda or cuda:N, got {train.device!r}") from None
+    _check_sizes(recipe)
+    _check_needles_fit(recipe)
     analysis = recipe.analysis
     try:  # the names and bit widths `quantdiff sweep` takes, checked by the same registry
         for method in analysis.methods:
@@ -170,6 +191,42 @@ def _check(recipe: Recipe) -> None:
             check_bits(bits)
     except ConfigError as exc:
         raise ConfigError(f"[analysis] {exc}") from None
+
+
+def _check_sizes(recipe: Recipe) -> None:
+    tasks, analysis = recipe.tasks, recipe.analysis
+    sizes = {"[tasks] lm_tokens": tasks.lm_tokens, "[tasks] choice_items": tasks.choice_items,
+             "[tasks] retrieval_examples": tasks.retrieval_examples, "[analysis] stats_tokens": analysis.stats_tokens,
+             "[analysis] seq_len": analysis.seq_len}
+    for name, value in sizes.items():
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
+    lists = {"[tasks] retrieval_contexts": tasks.retrieval_contexts, "[tasks] retrieval_needles": tasks.retrieval_needles,
+             "[analysis] bits": analysis.bits, "[analysis] methods": analysis.methods, "[analysis] sites": analysis.sites}
+    for name, items in lists.items():
+        if not items or len(set(items)) != len(items):
+            raise ConfigError(f"{name} must be a non-empty list without repeats, got {items}")
+    if min(tasks.retrieval_contexts + tasks.retrieval_needles) <= 0:
+        raise ConfigError("[tasks] retrieval_contexts and retrieval_needles must be positive")
+
+
+def _check_needles_fit(recipe: Recipe) -> None:
+    """Needle documents must fit their lengths, or training or evaluation would fail after hours of work."""
+    data, train, tasks = recipe.data, recipe.train, recipe.tasks
+    # (length, needles, queries, words per value, what); training rows hold seq_len + 1 tokens (inputs and targets)
+    documents = [
+        (train.seq_len + 1, 1, 1, data.retrieval_value_words_start, "[train] seq_len + 1 (first training needle documents)"),
+        (train.seq_len + 1, data.retrieval_max_needles, data.retrieval_max_needles, VALUE_LENGTH,
+         "[train] seq_len + 1 (last training needle documents)"),
+        *((train.seq_len, n, 1, VALUE_LENGTH, "[train] seq_len (retrieval evaluation after training)") for n in tasks.retrieval_needles),
+        *((c, n, 1, VALUE_LENGTH, f"[tasks] retrieval_contexts {c}") for c in tasks.retrieval_contexts for n in tasks.retrieval_needles),
+    ]
+    if data.retrieval_fraction == 0:
+        documents = documents[2:]  # no needle rows in training
+    for length, needles, queries, words, what in documents:
+        need = min_document_tokens(needles, queries, words)
+        if length < need:
+            raise ConfigError(f"{what} = {length} tokens cannot hold {needles} needle(s) of {words}-word values (at least {need} tokens)")
 
 
 def recipe_path(name_or_path: str | Path) -> Path:
@@ -186,4 +243,8 @@ def recipe_path(name_or_path: str | Path) -> Path:
 def load_recipe(name_or_path: str | Path) -> Recipe:
     path = recipe_path(name_or_path)
     name = path.parent.parent.name if path.name == "recipe.toml" else path.stem
-    return parse_recipe(path.read_text(), name)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"recipe {path} is not UTF-8 text (a TOML file)") from None
+    return parse_recipe(text, name)

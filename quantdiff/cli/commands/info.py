@@ -14,7 +14,6 @@ def info(
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default).")] = False,
 ) -> None:
     """Load each model on the quantdiff backend and print its architecture and parameter counts."""
-    from rich.console import Console
     from rich.table import Table
 
     from quantdiff.attention.backend import taps
@@ -22,7 +21,12 @@ def info(
     from quantdiff.quant.checkpoint import load
     from quantdiff.models.pairs import lambda_parameter_count, parameter_count
     from quantdiff.models.names import resolve
+    from quantdiff.report.console import table_console
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a per-model "Loading weights" bar would bury the one table
+    target = resolve_device(device, "--device")  # before any loading: a bad name costs nothing
     table = Table(title="quantdiff models")
     for column in ("model", "architecture", "attention", "layers", "heads (kv)", "parameters", "λ parameters", "device"):
         table.add_column(column)
@@ -37,4 +41,4 @@ def info(
             f"{cfg.num_attention_heads} ({getattr(cfg, 'num_key_value_heads', None) or cfg.num_attention_heads})",
             f"{parameter_count(model):,}", f"{lambda_parameter_count(model):,}", str(next(model.parameters()).device),
         )
-    Console().print(table)
+    table_console(table).print(table)

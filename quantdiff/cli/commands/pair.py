@@ -22,9 +22,15 @@ def pair(
     """Build an UNTRAINED matched pair (same config; parameter counts differ only by the λ vectors)."""
     from rich.console import Console
 
+    from quantdiff.cli.validate import check_positive
+    from quantdiff.core.errors import ConfigError
+    from quantdiff.core.savedir import check_target, save_pair
     from quantdiff.models.pairs import SizePreset, build_pair, lambda_parameter_count, parameter_count
-    from quantdiff.core.savedir import save_pair
 
+    check_positive(hidden_size=hidden_size, layers=layers, heads=heads, vocab_size=vocab_size, context=context)
+    if kv_heads < 0:
+        raise ConfigError(f"--kv-heads must be at least 0 (0 = --heads), got {kv_heads}")
+    check_target(out, force, flag="OUT")
     preset = SizePreset(hidden_size, layers, heads, kv_heads or None, None, vocab_size, context)
     models = build_pair(preset, seed=seed)
     save_pair(models, out, force=force)

@@ -13,12 +13,12 @@ def quantize(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory (written atomically).")],
     bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4.")] = "4",
     method: Annotated[str, typer.Option("--method", help="absmax (packed, ours), llm-int8, nf4 or fp4 (bitsandbytes layouts).")] = "absmax",
-    threshold: Annotated[Optional[float], typer.Option("--threshold", help="llm-int8 outlier threshold, applied to activations at run time (default: the LLM.int8 paper's).")] = None,
+    threshold: Annotated[Optional[float], typer.Option("--threshold", help="llm-int8 outlier threshold, applied to activations at run time (default: the LLM.int8 paper's 6.0).")] = None,
     include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="Quantize lm_head too (default: decoder-layer linears only).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing non-empty --out.")] = False,
     attention_bits: Annotated[Optional[str], typer.Option("--attention-bits", help="Also record an attention quantization (2–16 bits); quantdiff re-applies it on load.")] = None,
-    attention_method: Annotated[str, typer.Option("--attention-method", help="absmax or llm-int8 (with --attention-bits).")] = "absmax",
-    attention_site: Annotated[str, typer.Option("--attention-site", help="logits or qk (with --attention-bits).")] = "logits",
+    attention_method: Annotated[Optional[str], typer.Option("--attention-method", help="absmax (default) or llm-int8 (with --attention-bits).")] = None,
+    attention_site: Annotated[Optional[str], typer.Option("--attention-site", help="logits (default) or qk (with --attention-bits).")] = None,
     eval_task: Annotated[Optional[str], typer.Option("--eval", help="Also evaluate source and reloaded export on this task (choice, lm, retrieval).")] = None,
     data: Annotated[Optional[Path], typer.Option("--data", help="Data file for --eval (see `quantdiff eval --help`).")] = None,
     context: Annotated[Optional[int], typer.Option("--context", help="Tokens per window (lm) or document (retrieval) for --eval.")] = None,
@@ -30,28 +30,37 @@ def quantize(
     from rich.console import Console
 
     from quantdiff.cli.task_options import check_limit, make_cli_task
+    from quantdiff.cli.validate import check_positive, refuse_unused
     from quantdiff.core.errors import ConfigError, LoadError
     from quantdiff.core.savedir import check_target
     from quantdiff.models.loading import load_tokenizer
     from quantdiff.models.names import resolve
     from quantdiff.quant.export import export_quantized
     from quantdiff.quant.formats import parse_export
+    from quantdiff.quant.numerics import LLM_INT8_THRESHOLD
     from quantdiff.quant.registry import ATTENTION_SITE_NAMES
     from quantdiff.quant.sites import parse_config
 
-    # Every argument is checked before anything is loaded or written.
-    fmt = parse_export(method, bits) if threshold is None else parse_export(method, bits, threshold)
+    # Every argument is checked before anything is loaded or written; an option the mode ignores is an error.
+    if method != "llm-int8":
+        refuse_unused(f"with --method {method} (it is the llm-int8 outlier threshold)", threshold=threshold)
+    check_positive(threshold=threshold)  # also refuses nan and inf: an export with them would never load
+    fmt = parse_export(method, bits, LLM_INT8_THRESHOLD if threshold is None else threshold)
     attention = None
-    if attention_bits is not None:
-        if attention_site not in ATTENTION_SITE_NAMES:
+    if attention_bits is None:
+        refuse_unused("without --attention-bits", attention_method=attention_method, attention_site=attention_site)
+    else:
+        if (attention_site or "logits") not in ATTENTION_SITE_NAMES:
             raise ConfigError(f"--attention-site must be {' or '.join(ATTENTION_SITE_NAMES)}, got {attention_site!r}")
-        attention = parse_config(attention_method, attention_bits, attention_site)
-    check_target(out, force)
-    task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
+        attention = parse_config(attention_method or "absmax", attention_bits, attention_site or "logits")
+    if eval_task is None:
+        refuse_unused("without --eval", data=data, context=context, limit=limit)
     check_limit(limit)
     sources = resolve(model, revision)
     if len(sources) != 1:
         raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
+    check_target(out, force, sources, flag="--out")
+    task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
     tokenizer = load_tokenizer(sources[0]) if task is not None else None
     summary = export_quantized(sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial)
     console = Console(highlight=False)

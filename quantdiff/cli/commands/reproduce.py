@@ -20,12 +20,14 @@ def reproduce(
     """Reproduce the paper's Table 5 and Figure 8 analyses on a matched standard/Diff pair, beside the paper's numbers."""
     from rich.console import Console
 
-    from quantdiff.core.errors import ConfigError
+    from quantdiff.cli.validate import check_list, check_positive
+    from quantdiff.core.device import resolve_device
     from quantdiff.jobs.reproduce import ReproduceOptions, reproduce as run
 
-    for flag, value in (("--stats-tokens", stats_tokens), ("--items", items)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{flag} must be positive, got {value}")
+    check_positive(stats_tokens=stats_tokens, items=items)
+    check_list(tasks, "--tasks")
+    if device is not None:
+        resolve_device(device, "--device")
     console = Console(stderr=True, highlight=False)
     names = tuple(t.strip() for t in tasks.split(",") if t.strip())
     report = run(ReproduceOptions(target, out, stats_tokens, items, names, device, force), console)

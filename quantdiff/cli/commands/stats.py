@@ -29,8 +29,14 @@ def stats(
 
     Runs unchanged under `torchrun --nproc-per-node N`: ranks split the batches, rank 0 merges and writes.
     """
+    from quantdiff.cli.validate import refuse_unused
+    from quantdiff.core.device import resolve_device
     from quantdiff.jobs.stats import StatsOptions, run
 
+    if device is not None:
+        resolve_device(device, "--device")
+    if quiet:
+        refuse_unused("with --quiet (it prints no tables)", per_layer=per_layer)
     options = StatsOptions(
         models=tuple(models),
         data=data,

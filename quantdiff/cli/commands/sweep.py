@@ -50,19 +50,22 @@ def sweep(
     from rich.console import Console
 
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
+    from quantdiff.cli.validate import check_list
     from quantdiff.core.device import resolve_device
     from quantdiff.eval.sweep import plan_sweep
     from quantdiff.jobs.evaluate import report, run_models
     from quantdiff.models.names import resolve_models
     from quantdiff.quant.registry import parse_bits, split_names
 
+    for flag, text in (("--bits", bits), ("--method", method), ("--site", site)):
+        check_list(text, flag)
+    target = resolve_device(device, "--device")
     plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"))
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     specs = resolve_models(models)
     for path, suffixes in ((json_path, None), (plot, (".png", ".pdf", ".svg"))):
         check_output(path, suffixes)
-    target = resolve_device(device, "--device")
     notes = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in plan.skipped:
         notes.print(f"[yellow]skipped {line}[/yellow]")
@@ -105,12 +108,13 @@ def evaluate(
 
     if bits is None and (method is not None or site is not None):
         raise ConfigError("--method and --site choose how to quantize: give --bits too")
+    target = resolve_device(device, "--device")
     configs = [] if bits is None else [parse_config(method or "absmax", bits, site or "logits")]
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     specs = resolve_models([model])
     check_output(json_path, None)
     cells = run_models(
-        specs, the_task, configs, limit, resolve_device(device, "--device"), quiet, include_reference=bits is None, allow_partial=allow_partial, trust_remote_code=trust_remote_code
+        specs, the_task, configs, limit, target, quiet, include_reference=bits is None, allow_partial=allow_partial, trust_remote_code=trust_remote_code
     )
     report(cells, the_task, json_path, quiet)

@@ -18,9 +18,17 @@ def train(
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # busy-waiting OpenMP threads stall CPU steps for seconds
     from rich.console import Console
 
-    from quantdiff.train.recipe import load_recipe
+    from quantdiff.core.errors import ConfigError
+    from quantdiff.core.savedir import check_target
+    from quantdiff.models.pairs import KINDS
     from quantdiff.train.loop import train_pair
+    from quantdiff.train.recipe import load_recipe
 
     parsed = load_recipe(recipe)
-    paths = train_pair(parsed, out or Path("runs") / parsed.name, force=force)
+    out = out or Path("runs") / parsed.name
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out exists and is not a directory: {out}")
+    for kind in KINDS:  # the models are written at the end: refuse what they may not replace before training
+        check_target(out / kind, force=True, flag=f"--out's {kind}/")
+    paths = train_pair(parsed, out, force=force)
     Console().print(f"pair saved: {paths['standard']}  {paths['diff']}")

@@ -1,0 +1,18 @@
+"""Consoles for tables: on a terminal its width; piped or redirected, wide enough for whole rows."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+
+def table_console(*renderables, stderr: bool = False, **kwargs) -> Console:
+    """A Console that prints `renderables` without wrapping or cutting rows when the output is not a TTY
+    (rich falls back to 80 columns there)."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr, **kwargs)
+    probe = Console(width=100_000)
+    width = max([80, *(probe.measure(r).maximum for r in renderables)])
+    return Console(stderr=stderr, width=width, **kwargs)

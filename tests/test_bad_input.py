@@ -1,0 +1,296 @@
+"""Bad input, table-driven: every case exits non-zero with exactly one `error:` line on stderr, no traceback,
+and leaves the whole working directory (sources, unrelated files, outputs) byte-identical — nothing partial."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from quantdiff.cli.app import main
+from quantdiff.core.errors import LoadError
+from quantdiff.models.names import ASSETS
+
+SOURCE = ASSETS / "tiny" / "diff"  # a trained model with its tokenizer; copied before every case
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """{relative path: sha256 (or the kind of a non-file)} of everything under root, hidden entries included."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "link->" + os.readlink(path)
+        elif path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[rel] = "dir" if path.is_dir() else "special"
+    return out
+
+
+def _edit_weights(directory: Path, change) -> None:
+    file = directory / "model.safetensors"
+    tensors = load_file(file)
+    change(tensors)
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+def _truncate(d: Path) -> None:
+    file = d / "model.safetensors"
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+def _huge_header(d: Path) -> None:
+    (d / "model.safetensors").write_bytes((10**15).to_bytes(8, "little") + b"{}")
+
+
+def _pickles_only(d: Path) -> None:
+    (d / "model.safetensors").unlink()
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
+
+
+def _remote_code(d: Path) -> None:
+    config = json.loads((d / "config.json").read_text())
+    config.update(model_type="evil_remote", auto_map={"AutoModelForCausalLM": "evil.Model"})
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "evil.py").write_text("raise SystemExit('remote code ran')\n")
+
+
+def _broken_tokenizer(d: Path) -> None:
+    (d / "tokenizer.json").write_text("{not json")
+
+
+def _bad_data(tmp: Path) -> None:
+    (tmp / "bad.jsonl").write_text('{"text": "fine"}\n{oops\n')
+
+
+def _unrelated_dir(tmp: Path) -> None:
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "thesis.tex").write_text("irreplaceable")
+
+
+def _fifo(tmp: Path) -> None:
+    os.mkfifo(tmp / "pipe.json")
+
+
+def _recipe(text: str):
+    base = "[model]\nhidden_size = 64\nnum_layers = 2\nnum_heads = 4\nvocab_size = 300\nmax_position_embeddings = 64\n"
+    return lambda tmp: (tmp / "r.toml").write_text(base + "[train]\nsteps = 4\nbatch_size = 2\nseq_len = 32\n" + text)
+
+
+def _run_dir_not_ours(tmp: Path) -> None:
+    _recipe("[data]\nretrieval_max_needles = 2\n")(tmp)
+    (tmp / "run" / "standard").mkdir(parents=True)
+    (tmp / "run" / "standard" / "data.csv").write_text("not a model")
+
+
+MISSING = lambda t: t.pop("model.layers.0.mlp.up_proj.weight")  # noqa: E731
+UNEXPECTED = lambda t: t.__setitem__("model.extra.weight", torch.zeros(3))  # noqa: E731
+WRONG_SHAPE = lambda t: t.__setitem__("model.layers.0.mlp.up_proj.weight", torch.zeros(5, 3))  # noqa: E731
+
+# (id, argv with {src} = a copy of the model and {tmp} = the working directory, setup of {src}, setup of {tmp},
+#  a piece of the expected message)
+CASES = [
+    ("missing-path", ["info", "{tmp}/nope"], None, None, "neither an existing path"),
+    ("not-a-model", ["info", "{tmp}"], None, None, "no config.json"),
+    ("pickles-only", ["info", "{src}"], _pickles_only, None, "pickled"),
+    ("truncated-safetensors", ["info", "{src}"], _truncate, None, "truncated"),
+    ("huge-header-length", ["info", "{src}"], _huge_header, None, "header claims"),
+    ("remote-code", ["info", "{src}"], _remote_code, None, "evil_remote"),
+    ("missing-tensor", ["info", "{src}"], lambda d: _edit_weights(d, MISSING), None, "missing model.layers.0.mlp.up_proj.weight"),
+    ("unexpected-tensor", ["stats", "{src}", "--tokens", "64"], lambda d: _edit_weights(d, UNEXPECTED), None, "unexpected model.extra.weight"),
+    ("wrong-shape", ["info", "{src}"], lambda d: _edit_weights(d, WRONG_SHAPE), None, "wrong shape model.layers.0.mlp.up_proj.weight"),
+    ("broken-tokenizer", ["stats", "{src}", "--tokens", "64"], _broken_tokenizer, None, "no usable tokenizer"),
+    ("bad-data-line", ["stats", "{src}", "--data", "{tmp}/bad.jsonl"], None, _bad_data, "line 2"),
+    ("quantize-bits-9", ["quantize", "{src}", "--out", "{tmp}/q", "--bits", "9"], None, None, "bits"),
+    ("sweep-empty-bits-item", ["sweep", "{src}", "--bits", "16,8,,4"], None, None, "empty item"),
+    ("sweep-repeated-bits", ["sweep", "{src}", "--bits", "8,4,8"], None, None, "twice"),
+    ("sweep-repeated-method", ["sweep", "{src}", "--method", "absmax,absmax"], None, None, "twice"),
+    ("threshold-with-absmax", ["quantize", "{src}", "--out", "{tmp}/q", "--threshold", "3"], None, None, "--threshold does nothing"),
+    ("attention-method-alone", ["quantize", "{src}", "--out", "{tmp}/q", "--attention-method", "llm-int8"], None, None, "without --attention-bits"),
+    ("attention-site-alone", ["quantize", "{src}", "--out", "{tmp}/q", "--attention-site", "qk"], None, None, "without --attention-bits"),
+    ("eval-data-without-eval", ["quantize", "{src}", "--out", "{tmp}/q", "--limit", "3"], None, None, "without --eval"),
+    ("llm-int8-threshold-negative", ["quantize", "{src}", "--out", "{tmp}/q", "--method", "llm-int8", "--bits", "8", "--threshold", "-1"], None, None, "--threshold must be positive"),
+    ("llm-int8-threshold-nan", ["quantize", "{src}", "--out", "{tmp}/q", "--method", "llm-int8", "--bits", "8", "--threshold", "nan"], None, None, "--threshold must be positive"),
+    ("pair-context-0", ["pair", "{tmp}/p", "--context", "0"], None, None, "--context must be positive"),
+    ("pair-layers-negative", ["pair", "{tmp}/p", "--layers", "-2"], None, None, "--layers must be positive"),
+    ("info-device-nonsense", ["info", "{src}", "--device", "nonsense"], None, None, "unknown device"),
+    ("stats-device-nonsense", ["stats", "{src}", "--device", "nonsense"], None, None, "unknown device"),
+    ("sweep-device-nonsense", ["sweep", "{src}", "--device", "nonsense"], None, None, "unknown device"),
+    ("eval-device-nonsense", ["eval", "{src}", "--device", "nonsense"], None, None, "unknown device"),
+    ("reproduce-device-nonsense", ["reproduce", "tiny", "--out", "{tmp}/r", "--device", "nonsense"], None, None, "unknown device"),
+    ("quantize-out-is-source", ["quantize", "{src}", "--out", "{src}", "--force"], None, None, "is the input model"),
+    ("quantize-out-is-parent", ["quantize", "{src}", "--out", "{tmp}", "--force"], None, None, "contains the input model"),
+    ("quantize-out-unrelated", ["quantize", "{src}", "--out", "{tmp}/mine", "--force"], None, _unrelated_dir, "not written by quantdiff"),
+    ("quantize-out-empty-string", ["quantize", "{src}", "--out", "", "--force"], None, None, "must name the directory to write"),
+    ("pair-out-unrelated", ["pair", "{tmp}/mine", "--force"], None, _unrelated_dir, "not written by quantdiff"),
+    ("reproduce-out-unrelated", ["reproduce", "tiny", "--out", "{tmp}/mine", "--force"], None, _unrelated_dir, "not written by quantdiff"),
+    ("stats-per-layer-quiet", ["stats", "{src}", "--quiet", "--per-layer"], None, None, "--per-layer does nothing with --quiet"),
+    ("no-command", [], None, None, "no command given"),
+    ("unknown-option", ["info", "{src}", "--colour"], None, None, "No such option"),
+    ("stats-json-fifo", ["stats", "{src}", "--json", "{tmp}/pipe.json"], None, _fifo, "not a regular file"),
+    ("train-negative-lr", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("lr = -1\n"), "lr must be a positive"),
+    ("train-nan-lr", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("lr = nan\n"), "lr must be a positive"),
+    ("train-min-lr-above-lr", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("lr = 1e-3\nmin_lr = 1e-2\n"), "min_lr"),
+    ("train-negative-warmup", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("warmup_steps = -5\n"), "warmup_steps"),
+    ("train-needles-do-not-fit", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe(""), "cannot hold"),
+    ("train-force-over-foreign-dir", ["train", "{tmp}/r.toml", "--out", "{tmp}/run", "--force"], None, _run_dir_not_ours, "not written by quantdiff"),
+    ("train-device-nonsense", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe('device = "nonsense"\n'), "[train] device"),
+    ("train-binary-recipe", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, lambda t: (t / "r.toml").write_bytes(b"\xff\xfe\x00\x81"), "not UTF-8"),
+]
+if not torch.cuda.is_available():
+    CASES += [
+        ("info-device-cuda-without-gpu", ["info", "{src}", "--device", "cuda"], None, None, "CUDA is not available"),
+        ("stats-device-cuda-without-gpu", ["stats", "{src}", "--device", "cuda"], None, None, "CUDA is not available"),
+        ("reproduce-device-cuda-without-gpu", ["reproduce", "tiny", "--out", "{tmp}/r", "--device", "cuda"], None, None, "CUDA is not available"),
+        ("sweep-device-cuda-without-gpu", ["sweep", "{src}", "--device", "cuda:0"], None, None, "CUDA is not available"),
+    ]
+
+
+def _argv(template: list[str], src: Path, tmp: Path) -> list[str]:
+    return [a.replace("{src}", str(src)).replace("{tmp}", str(tmp)) for a in template]
+
+
+@pytest.mark.parametrize("argv, src_setup, tmp_setup, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_gives_one_error_line_and_changes_nothing(tmp_path, capsys, monkeypatch, argv, src_setup, tmp_setup, message):
+    src = tmp_path / "src"
+    shutil.copytree(SOURCE, src)
+    if src_setup is not None:
+        src_setup(src)
+    if tmp_setup is not None:
+        tmp_setup(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    before = tree_hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(_argv(argv, src, tmp_path))
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert exit_info.value.code not in (0, None), captured
+    assert len(lines) == 1 and lines[0].startswith("error:"), captured.err
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in captured.err + captured.out and "internal error" not in lines[0]
+    assert tree_hashes(tmp_path) == before  # sources, unrelated files: byte-identical; no partial output
+
+
+@pytest.mark.parametrize("corrupt", ["wrong-shape", "missing"])
+def test_transformers_load_report_never_reaches_the_user(tmp_path, corrupt):
+    """In a subprocess, so that transformers' own log handlers (bound to the real stderr) are seen too."""
+    src = tmp_path / "src"
+    shutil.copytree(SOURCE, src)
+    _edit_weights(src, WRONG_SHAPE if corrupt == "wrong-shape" else MISSING)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-m", "quantdiff", "info", str(src)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("error:") and "LOAD REPORT" not in proc.stderr
+
+
+def test_unexpected_exceptions_become_one_internal_error_line(monkeypatch, capsys):
+    import quantdiff.models.names as names
+
+    def explode(*args, **kwargs):
+        raise ZeroDivisionError("division by zero\nsecond line")
+
+    monkeypatch.setattr(names, "resolve", explode)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["info", "tiny"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 3 and err.count("\n") == 1
+    assert err.startswith("error: internal error: ZeroDivisionError: division by zero second line (run with QUANTDIFF_DEBUG=1")
+    monkeypatch.setenv("QUANTDIFF_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        main(["info", "tiny"])
+
+
+def test_corrupt_training_checkpoint_is_one_load_error(tmp_path):
+    from quantdiff.train.loop import Checkpoint
+
+    checkpoint = Checkpoint(tmp_path)
+    checkpoint.dir.mkdir()
+    for text in ("{truncated", "[]", '{"step": 3}'):
+        (checkpoint.dir / "state.json").write_text(text)
+        with pytest.raises(LoadError, match="corrupt training checkpoint") as info:
+            checkpoint.load_state()
+        assert "\n" not in str(info.value)
+    (checkpoint.dir / "standard.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+    with pytest.raises(LoadError, match="corrupt training checkpoint"):
+        checkpoint.restore({"standard": torch.nn.Linear(2, 2)}, {"standard": (None, [])})
+
+
+def _nan_model(tmp_path: Path, tensor: str) -> Path:
+    src = tmp_path / "nan"
+    shutil.copytree(SOURCE, src)
+    _edit_weights(src, lambda t: t[tensor].fill_(float("nan")))
+    return src
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+@pytest.mark.parametrize("tensor", ["model.layers.1.self_attn.q_proj.weight", "model.embed_tokens.weight"], ids=["some-nan", "all-nan"])
+def test_stats_on_nan_weights_writes_strict_json_and_flags_the_table(tmp_path, capsys, monkeypatch, tensor):
+    src = _nan_model(tmp_path, tensor)
+    monkeypatch.setenv("COLUMNS", "80")  # a pipe: rows must still be whole
+    main(["stats", str(src), "--tokens", "256", "--json", str(tmp_path / "s.json")])
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "s.json").read_text(), parse_constant=_refuse_constant)
+    block = doc["models"][0]["attention_logits"]
+    nan = block["nonfinite"]["nan"]
+    share = nan / (nan + block["nonfinite"]["inf"] + block["count"])
+    assert nan > 0 and (block["median"] is None or math.isfinite(block["median"]))
+    assert f"warning: nan: {share:.1%} of attention logits were non-finite ({nan:,} NaN" in out, out
+    # A whole table row on one line although stdout is not a terminal: label, model, six numbers, the count.
+    row = next(line for line in out.splitlines() if "attention logits" in line and "│" in line)
+    assert row.count("│") == 10 and f"{nan:,} NaN, 0 Inf ({share:.1%})" in row, row
+
+
+def test_json_writer_is_strict_and_keeps_modes(tmp_path):
+    from quantdiff.core.atomic import write_json
+
+    old = os.umask(0o027)
+    try:
+        write_json(tmp_path / "x.json", {"a": float("nan"), "b": [float("inf"), 1.5]})
+    finally:
+        os.umask(old)
+    assert json.loads((tmp_path / "x.json").read_text(), parse_constant=_refuse_constant) == {"a": None, "b": [None, 1.5]}
+    assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o640
+
+
+def test_tied_weights_are_stored_once_and_still_checked(tmp_path):
+    """A tied lm_head is absent from the checkpoint and loads; the embedding it is tied to may not be missing."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quantdiff.models.loading import load
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=64, max_position_embeddings=32, tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "tied")
+    assert "lm_head.weight" not in load_file(tmp_path / "tied" / "model.safetensors")
+    model = load(tmp_path / "tied", device="cpu")
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    _edit_weights(tmp_path / "tied", lambda t: t.pop("model.embed_tokens.weight"))
+    with pytest.raises(LoadError, match="missing model.embed_tokens.weight"):
+        load(tmp_path / "tied", device="cpu")
+
+
+def test_stored_copies_of_computed_buffers_are_not_unexpected(tmp_path):
+    """Older LLaMA conversions stored rotary inv_freq per layer: transformers recomputes it; loading goes on."""
+    from quantdiff.models.loading import load
+
+    src = tmp_path / "old"
+    shutil.copytree(ASSETS / "tiny" / "standard", src)
+    _edit_weights(src, lambda t: t.__setitem__("model.layers.0.self_attn.rotary_emb.inv_freq", torch.ones(8)))
+    load(src, device="cpu")
+    _edit_weights(src, lambda t: t.__setitem__("model.layers.0.self_attn.rotary_emb.other", torch.ones(8)))
+    with pytest.raises(LoadError, match="unexpected model.layers.0.self_attn.rotary_emb.other"):
+        load(src, device="cpu")

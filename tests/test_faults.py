@@ -1,0 +1,210 @@
+"""Faults: a process killed mid-write, a full disk, --force next to precious files, odd output targets.
+
+Each leaves no complete-looking output and nothing stale once the next run has finished."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from quantdiff.cli.app import main
+from quantdiff.core.atomic import atomic_file, remove_stale_temporaries, temporary_prefix, writable_target
+from quantdiff.core.errors import ConfigError
+from quantdiff.core.savedir import MARKER, atomic_dir
+from quantdiff.models.names import ASSETS
+from quantdiff.quant.checkpoint import load_quantized
+from tests.test_bad_input import tree_hashes
+
+SOURCE = ASSETS / "tiny" / "diff"
+ROOT = Path(__file__).resolve().parents[1]
+
+# Runs `quantdiff ARGS...` with the first write into a temporary (a file or directory whose name holds
+# ".tmp-") cut short: half the bytes, then "WRITTEN" on stdout and a hang until the test kills it.
+KILL_DRIVER = textwrap.dedent(
+    """
+    import pathlib, sys, time
+    import safetensors.torch as st
+    import quantdiff.quant.export as export
+
+    def hang(path, data):
+        with open(path, "wb") as f:
+            f.write(data[: len(data) // 2])
+        print("WRITTEN", flush=True)
+        time.sleep(300)
+
+    real_write_text, real_save = pathlib.Path.write_text, export.save_file
+
+    def write_text(self, text, *args, **kwargs):
+        if ".tmp-" in str(self) and self.suffix == ".json" and "config" not in self.name:
+            hang(self, text.encode())
+        return real_write_text(self, text, *args, **kwargs)
+
+    def save_file(tensors, filename, metadata=None):
+        hang(filename, st.save(tensors, metadata=metadata))
+
+    pathlib.Path.write_text = write_text
+    export.save_file = save_file
+    from quantdiff.cli.app import main
+    main(sys.argv[1:])
+    """
+)
+
+
+def _killed_mid_write(args: list[str]) -> None:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", KILL_DRIVER, *args], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "WRITTEN"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def _hidden(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+def test_sigkill_during_quantize_then_the_next_run_succeeds_and_cleans_up(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(SOURCE, src)
+    source_hashes = tree_hashes(src)
+    out = tmp_path / "q"
+    _killed_mid_write(["quantize", str(src), "--out", str(out), "--bits", "4"])
+    assert not out.exists()  # nothing complete-looking under the target name
+    assert [name.startswith(".q.tmp-") for name in _hidden(tmp_path)] == [True]  # the killed run's temporary
+    main(["quantize", str(src), "--out", str(out), "--bits", "4"])
+    assert _hidden(tmp_path) == []  # the stale temporary is gone
+    assert load_quantized(out, device="cpu") is not None and (out / MARKER).is_file()
+    assert tree_hashes(src) == source_hashes
+
+
+def test_sigkill_during_stats_json_then_the_next_run_succeeds_and_cleans_up(tmp_path):
+    target = tmp_path / "s.json"
+    _killed_mid_write(["stats", "tiny/diff", "--tokens", "128", "--quiet", "--json", str(target)])
+    assert not target.exists()
+    (stale,) = _hidden(tmp_path)
+    assert stale.startswith(".s.tmp-") and stale.endswith(".json")
+    main(["stats", "tiny/diff", "--tokens", "128", "--quiet", "--json", str(target)])
+    assert json.loads(target.read_text())["schema"] == "quantdiff.stats"
+    assert _hidden(tmp_path) == []
+
+
+def test_stale_temporaries_are_those_of_dead_or_restarted_processes(tmp_path):
+    mine = tmp_path / (temporary_prefix("a") + "x.json")
+    restarted = tmp_path / mine.name.replace(f"-{os.getpid()}-", f"-{os.getpid()}-1").replace("-1x", "-x")
+    dead = tmp_path / f".a.tmp-{2**22 + 12345}-5-x"
+    foreign = tmp_path / ".a.tmp-notours"
+    for path in (mine, restarted, dead, foreign):
+        path.write_text("x")
+    (tmp_path / f".d.tmp-{2**22 + 12345}-5-y").mkdir()
+    removed = remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in removed) == sorted([restarted.name, dead.name, f".d.tmp-{2**22 + 12345}-5-y"])
+    assert mine.exists() and foreign.exists()
+
+
+# ---- disk full ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_progress_bars():
+    """As under the real command line, where main() disables them before transformers is imported."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    yield
+    hf_logging.enable_progress_bar()
+
+
+@pytest.fixture
+def full_disk(tmp_path, no_progress_bars):
+    """A 256 KiB tmpfs: smaller than any model quantdiff writes."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["quantize", "tiny/diff", "--out", "{disk}/q", "--bits", "8"],
+        ["pair", "{disk}/p", "--hidden-size", "256", "--layers", "4"],
+        ["stats", "tiny/diff", "--tokens", "128", "--quiet", "--plot", "{disk}/plots"],
+        ["stats", "tiny/diff", "--tokens", "128", "--quiet", "--json", "{disk}/s.json"],
+    ],
+    ids=["quantize", "pair", "stats-plot", "stats-json"],
+)
+def test_full_disk_gives_one_line_and_leaves_nothing(full_disk, capsys, command):
+    if command[0] == "stats":  # fill the disk so that even small plots and JSON cannot be written
+        (full_disk / "ballast").write_bytes(b"\0" * (256 * 1024 - 4096))
+    before = tree_hashes(full_disk)
+    with pytest.raises(SystemExit) as exit_info:
+        main([arg.replace("{disk}", str(full_disk)) for arg in command])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1 and err.startswith("error: no space left on device"), err
+    assert tree_hashes(full_disk) == before  # no partial file, no temporary, no empty directory
+
+
+# ---- --force and output targets ----------------------------------------------------------------------------
+
+
+def test_force_replaces_only_quantdiff_outputs(tmp_path, capsys):
+    src = tmp_path / "models" / "src"
+    shutil.copytree(SOURCE, src)
+    (tmp_path / "models" / "notes.txt").write_text("unrelated")
+    before = tree_hashes(tmp_path / "models")
+    out = tmp_path / "q"
+    main(["quantize", str(src), "--out", str(out), "--bits", "8"])
+    main(["quantize", str(src), "--out", str(out), "--bits", "4", "--force"])  # ours: replaced
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["bits"] == 4
+    main(["pair", str(tmp_path / "p"), "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "64"])
+    main(["pair", str(tmp_path / "p"), "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "64", "--force"])
+    for target in (src, tmp_path / "models"):
+        with pytest.raises(SystemExit):
+            main(["quantize", str(src), "--out", str(target), "--force"])
+    with pytest.raises(SystemExit):  # an exported model, marked by quantdiff, is still refused as its own input
+        main(["quantize", str(out), "--out", str(out), "--force"])
+    assert tree_hashes(tmp_path / "models") == before
+    assert capsys.readouterr().err.count("error:") == 3
+
+
+def test_outputs_keep_the_umask_modes(tmp_path):
+    old = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "d") as tmp:
+            (tmp / "f").write_text("x")
+        with atomic_file(tmp_path / "g.txt") as tmp:
+            tmp.write_text("x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "g.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_symlinks_are_written_through_and_special_files_refused(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    real.chmod(0o600)
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    with atomic_file(link) as tmp:
+        tmp.write_text("new")
+    assert link.is_symlink() and real.read_text() == "new" and real.stat().st_mode & 0o777 == 0o600
+    os.mkfifo(tmp_path / "fifo")
+    for special in (tmp_path / "fifo", Path("/dev/null")):
+        with pytest.raises(ConfigError, match="not a regular file"):
+            writable_target(special)
+    assert Path("/dev/null").is_char_device()

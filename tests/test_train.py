@@ -49,12 +49,13 @@ WORDS = "the lady walked to the house and spoke with her sister about a letter f
 def synthetic_corpus(monkeypatch):
     """Both splits from a fixed word list; a different seed for the held-out split."""
 
-    def split_text(split: str, fraction: float = 0.1) -> str:
+    def split_text(split: str, fraction: float = 0.1, corpora: tuple[str, ...] = ("janeaustenr",)) -> str:
         rng = random.Random(split)
         return " ".join(" ".join(rng.choices(WORDS, k=rng.randint(4, 14))).capitalize() + "." for _ in range(600))
 
     monkeypatch.setattr(corpus, "split_text", split_text)
     monkeypatch.setattr(corpus, "read_novels", lambda: {})
+    monkeypatch.setattr(corpus, "require", lambda corpora: None)
 
 
 @pytest.fixture
@@ -145,8 +146,9 @@ class Oracle(torch.nn.Module):
     def __init__(self, continuation: list[int], vocab: int):
         super().__init__()
         self.continuation, self.vocab, self.start = continuation, vocab, None
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # scoring finds the device through a parameter
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, **_masks_and_positions):
         self.start = self.start or input_ids.shape[1]
         logits = torch.zeros(1, input_ids.shape[1], self.vocab)
         logits[0, -1, self.continuation[input_ids.shape[1] - self.start]] = 1.0
@@ -156,10 +158,12 @@ class Oracle(torch.nn.Module):
 def test_greedy_exact_match_counts_only_the_full_value(synthetic_corpus, recipe):
     data = training.prepare_data(recipe)
     [example] = training.retrieval_examples(corpus.held_out_text(), data.tokenizer, 160, 2, 1, seed=0)
-    value = data.tokenizer(" " + example.needles[example.query_index][1], add_special_tokens=False)["input_ids"]
-    assert training.greedy_exact_match(Oracle(value, 300), data.tokenizer, [example], torch.device("cpu")) == 1.0
+    # the retrieval task's answer: the queried value and the period after it
+    assert example.answer == " " + example.needles[example.query_index][1] + "."
+    value = data.tokenizer(example.answer, add_special_tokens=False)["input_ids"]
+    assert training.retrieval_exact_match(Oracle(value, 300), data.tokenizer, [example]) == 1.0
     wrong = value[:-1] + [(value[-1] + 1) % 300]
-    assert training.greedy_exact_match(Oracle(wrong, 300), data.tokenizer, [example], torch.device("cpu")) == 0.0
+    assert training.retrieval_exact_match(Oracle(wrong, 300), data.tokenizer, [example]) == 0.0
 
 
 def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(synthetic_corpus, recipe, tmp_path):

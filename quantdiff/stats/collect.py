@@ -19,6 +19,7 @@ from quantdiff.attention.backend import TileContext
 from quantdiff.data.sources import Batch
 from quantdiff.attention.observe import observe
 from quantdiff.stats.engine import ModelStats
+from quantdiff.stats.sinks import SinkStats, layer_lambdas
 
 DEFAULT_K = 100
 
@@ -41,9 +42,11 @@ class StatsCollector:
         self.stats = ModelStats.empty(len(attention.taps(model)), config.num_attention_heads, config.hidden_size, head_maps(model), k, device)
         # Compiled per-element kernels pay off on CUDA; on CPU the one-off compile outweighs them for short runs.
         self.stats.logits.fused = self.stats.hidden.fused = device.type == "cuda" if compile is None else compile
+        self.sinks = SinkStats.empty(len(attention.taps(model)), config.num_attention_heads, layer_lambdas(model))
         self.batch: Batch | None = None
 
     def on_logits(self, logits: torch.Tensor, ctx: TileContext) -> None:
+        self.sinks.on_tile(logits, ctx)
         b, h, rows, cols = logits.shape
         valid = ctx.valid
         mask = self.batch.attention_mask
@@ -77,6 +80,7 @@ class StatsCollector:
         self.batch = batch.to(device)
         with self.stats.logits.deferred_merges(), self.stats.hidden.deferred_merges():
             model.base_model(input_ids=self.batch.input_ids, attention_mask=self.batch.attention_mask, use_cache=False)
+        self.sinks.end_batch(self.batch.attention_mask)
         self.stats.tokens += batch.tokens
         self.stats.sequences += batch.input_ids.shape[0]
 
@@ -91,7 +95,8 @@ def collect_stats(
     """Statistics of attention logits and hidden states of `model` (on the quantdiff backend) over `batches`.
 
     progress(tokens) is called after each batch. Statistics live on the model's device. compile: fuse the
-    per-element work with torch.compile (None: on CUDA only).
+    per-element work with torch.compile (None: on CUDA only). The attention-sink statistics ride along as
+    `stats.sinks` (a SinkStats: ModelStats itself knows logits and hidden states only).
     """
     collector = StatsCollector(model, k, compile)
     with observe(model, collector.on_logits, collector.on_hidden), torch.inference_mode():
@@ -99,6 +104,7 @@ def collect_stats(
             collector.run(model, batch)
             if progress is not None:
                 progress(batch.tokens)
+    collector.stats.sinks = collector.sinks
     return collector.stats
 
 
@@ -121,12 +127,14 @@ def gather_to_rank0(stats: ModelStats, rank: int, world: int) -> ModelStats | No
     import torch.distributed as dist
 
     gathered = [None] * world if rank == 0 else None
-    dist.gather_object(stats.to_dict(), gathered, dst=0)
+    dist.gather_object({"stats": stats.to_dict(), "sinks": stats.sinks.to_dict()}, gathered, dst=0)
     if rank != 0:
         return None
-    merged = ModelStats.from_dict(gathered[0], stats.logits.device)
+    merged = ModelStats.from_dict(gathered[0]["stats"], stats.logits.device)
+    merged.sinks = SinkStats.from_dict(gathered[0]["sinks"])
     for part in gathered[1:]:
-        merged.merge(ModelStats.from_dict(part, stats.logits.device))
+        merged.merge(ModelStats.from_dict(part["stats"], stats.logits.device))
+        merged.sinks.merge(SinkStats.from_dict(part["sinks"]))
     return merged
 
 

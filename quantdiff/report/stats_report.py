@@ -11,7 +11,10 @@ JSON schema (`schema` "quantdiff.stats", `version` 1):
         "attention_logits": BLOCK + {"per_layer": [BLOCK], "per_head": [[BLOCK]], "per_map": {"1": BLOCK, "2": BLOCK}},
         "hidden_states": BLOCK + {"per_layer": [BLOCK], "channel_absmax": [[float]] (layer × channel),
                                   "outlier_features": {"count", "channels", "threshold", "min_layer_fraction",
-                                                       "min_position_fraction"}}}]}
+                                                       "min_position_fraction"}},
+        "sinks": {"epsilon", "per_head": [[mass]] (layer × head: mean attention on position 0 over valid query rows),
+                  "mean", "max", "score" (share of heads above epsilon), "heads_scored",
+                  Diff only: "per_map": {"1", "2"}: [[mass]], "combined": [[(A1 − λ·A2)/(1 − λ)]], "lambdas"}}]}
     BLOCK = {"count", "nonfinite": {"nan", "inf"}, "max", "median", "quantiles": {"0.5": …, "0.99": …},
              "mean", "std", "kurtosis", "topk": [{"value", "layer", "head", "sequence", "query", "key", "map"?}
                                                  | {"value", "layer", "sequence", "position", "channel"}]}
@@ -53,6 +56,7 @@ def model_entry(name: str, path: str, stats: ModelStats) -> dict:
         "tokens": stats.tokens,
         "sequences": stats.sequences,
         **stats.summary(),
+        **({"sinks": stats.sinks.summary()} if getattr(stats, "sinks", None) is not None else {}),
     }
 
 
@@ -110,9 +114,19 @@ def render(doc: dict, console, per_layer: bool = False) -> None:
         features = model["hidden_states"]["outlier_features"]
         console.print(f"{model['name']}: {features['count']} LLM.int8 outlier feature(s) in hidden states"
                       + (f" (channels {features['channels'][:10]})" if features["count"] else ""))
+        if "sinks" in model:
+            console.print(sink_line(model["name"], model["sinks"]))
     if per_layer:
         for key, label in ACTIVATIONS.items():
             render_per_layer(models, key, label, console)
+
+
+def sink_line(name: str, sinks: dict) -> str:
+    heads = "differential heads (maps combined)" if "combined" in sinks else "heads"
+    return (
+        f"{name}: attention sinks: {sinks['score']:.0%} of {sinks['heads_scored']} {heads} put more than "
+        f"{sinks['epsilon']:g} of their attention on the first position (mean {sinks['mean']:.3f}, max {sinks['max']:.3f})"
+    )
 
 
 def render_per_layer(models: list[dict], key: str, label: str, console) -> None:

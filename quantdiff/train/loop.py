@@ -7,7 +7,7 @@ function of the step too, so an interrupted and resumed run ends with the same w
 uninterrupted one (on the same device and thread count).
 
 Each batch row is either a window of the training split or, with probability `retrieval_fraction`, a
-needle document (quantdiff/tasks/retrieval_data.py) whose filler comes from the training split. The
+needle document (quantdiff/data/needles.py) whose filler comes from the training split. The
 curriculum, over the first half of training, raises the needles per document from 1 to
 `retrieval_max_needles`, spreads them from the last 10% of the document (copy distance of a few
 tokens, which a tiny model picks up first) to anywhere in it (copy across the whole context), and
@@ -49,7 +49,7 @@ from quantdiff.train import emergence
 from quantdiff.train.recipe import Recipe, TrainConfig
 
 CHECKPOINT = ".checkpoint"  # inside --out; removed once the pair is saved
-# DESIGN.md: a 0.94M model learns to copy a 16-token random span repeated after 0–32 random tokens within ~500 steps.
+# Measured on this project's CPUs: a 0.94M model learns to copy a 16-token random span repeated after 0–32 random tokens within ~500 steps.
 COPY_SPAN, COPY_GAP = 16, 32
 IGNORE = -100  # label of padding: no loss
 

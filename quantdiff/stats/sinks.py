@@ -22,14 +22,9 @@ from torch import nn
 
 import quantdiff.attention.backend as attention
 from quantdiff.attention.backend import TileContext
+from quantdiff.eval.tasks.retrieval import differential_lambda  # the layer's λ, as Table 3's attention scores use it
 
 SINK_EPSILON = 0.3
-
-
-def differential_lambda(module: nn.Module) -> float:
-    """λ = exp(λq1·λk1) − exp(λq2·λk2) + λinit of one DiffLlama attention module (one scalar per layer)."""
-    dot = lambda q, k: torch.sum(q.detach().float() * k.detach().float())  # noqa: E731
-    return float(torch.exp(dot(module.lambda_q1, module.lambda_k1)) - torch.exp(dot(module.lambda_q2, module.lambda_k2)) + module.lambda_init)
 
 
 def layer_lambdas(model: nn.Module) -> list[float] | None:
@@ -37,7 +32,8 @@ def layer_lambdas(model: nn.Module) -> list[float] | None:
     modules = sorted(attention.iter_attention_modules(model), key=lambda m: m.quantdiff_tap.layer_idx)
     if not modules or not attention.is_differential(modules[0]):
         return None
-    return [differential_lambda(m) for m in modules]
+    with torch.no_grad():
+        return [differential_lambda(m) for m in modules]
 
 
 @dataclass

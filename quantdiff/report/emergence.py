@@ -46,10 +46,10 @@ def plot_emergence(series: dict[str, list[dict]], path: Path) -> Path:
             points = [(e["tokens"], _value(e, block, key)) for e in entries if _value(e, block, key) is not None]
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=kind)
         ax.set(xlabel="training tokens per model", title=label)
-        if block == "sink":
-            ax.set_ylim(0, 1)
-            if key == "score":
-                ax.axhline(0.0, color="grey", linewidth=0.5)
+        if (block, key) == ("sink", "score"):
+            ax.set_ylim(-0.02, 1.02)  # a share of heads: the whole range, so "no sink" reads as a flat zero
+        elif block == "sink":
+            ax.axhline(0.0, color="grey", linewidth=0.5)  # Diff's combined mass can dip below 0
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -21,6 +21,7 @@ from quantdiff.train.recipe import Recipe, load_recipe
 from quantdiff.core.savedir import atomic_dir, check_target
 
 RUNS = Path("runs")
+BOS_CORPUS_SOURCE = "builtin:corpus, BOS first (as the pair was trained)"
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     from quantdiff.jobs.stats import run as run_stats
     from quantdiff.eval.sweep import Cell, cells_to_json, plan_sweep, plot_sweep
     from quantdiff.report.emergence import emergence_markdown, plot_emergence, read_series
+    from quantdiff.report.stats_report import write_json
 
     replace = options.force or (options.out / "report.md").is_file()  # an earlier report is ours to replace
     check_target(options.out, replace)  # before any training or loading
@@ -123,6 +125,9 @@ def reproduce(options: ReproduceOptions, console) -> Path:
             ),
             quiet=True,
         )
+        if recipe.train.bos:  # name the data, not the scratch file that held it
+            stats_doc["data"]["source"] = BOS_CORPUS_SOURCE
+            write_json(tmp / "stats.json", stats_doc)
         cells: list[Cell] = []
         for task in tasks:
             configs = plan.configs if task.name == "lm" else attention_plan.configs

@@ -3,8 +3,8 @@
 For every query row the observer keeps the running max and sum of exp(logit − max) over the valid keys
 (the online-softmax state, so the T×T map is never built) and the logit at key position 0; once all
 tiles of a layer are seen, the attention mass on position 0 is exp(l0 − m) / s. Per (layer, head) it
-accumulates the sum of that mass over valid query rows (padding excluded) and their count: both merge
-exactly across batches and processes.
+accumulates the sum of that mass over valid query rows (padding excluded), in fixed point (units of 2⁻³²,
+int64), and their count: integer sums merge exactly in any order, across batches and processes.
 
 Score (Gu et al., "When Attention Sink Emerges in Language Models"): the share of heads whose mean mass
 on the first position exceeds ε = 0.3. For differential attention the two maps of a head (head i with
@@ -25,6 +25,7 @@ from quantdiff.attention.backend import TileContext
 from quantdiff.eval.tasks.retrieval import differential_lambda  # the layer's λ, as Table 3's attention scores use it
 
 SINK_EPSILON = 0.3
+FIXED_POINT = 2.0**32  # mass units per 1.0: int64 holds sums over up to 2³¹ query rows per head
 
 
 def layer_lambdas(model: nn.Module) -> list[float] | None:
@@ -40,14 +41,14 @@ def layer_lambdas(model: nn.Module) -> list[float] | None:
 class SinkStats:
     """Sum and count of the first-position attention mass per (layer, head), plus the per-batch row state."""
 
-    mass: torch.Tensor  # (layers, heads) float64 sums over valid query rows
-    rows: torch.Tensor  # (layers, heads) float64 counts
+    mass: torch.Tensor  # (layers, heads) int64: sums over valid query rows, in units of 1 / FIXED_POINT
+    rows: torch.Tensor  # (layers, heads) int64 counts
     lambdas: list[float] | None = None  # per layer, differential attention only
     _rows: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)  # layer -> (m, s, l0)
 
     @classmethod
     def empty(cls, layers: int, heads: int, lambdas: list[float] | None = None) -> SinkStats:
-        return cls(torch.zeros(layers, heads, dtype=torch.float64), torch.zeros(layers, heads, dtype=torch.float64), lambdas)
+        return cls(torch.zeros(layers, heads, dtype=torch.int64), torch.zeros(layers, heads, dtype=torch.int64), lambdas)
 
     def on_tile(self, logits: torch.Tensor, ctx: TileContext) -> None:
         """Fold one logits tile (B, H, rows, cols) into the running row state of its layer."""
@@ -72,8 +73,9 @@ class SinkStats:
         for layer, (m, s, l0) in self._rows.items():
             mass = torch.exp(l0 - m) / s.clamp_min(torch.finfo(torch.float32).tiny)  # (B, H, T)
             keep = torch.isfinite(m) if row_mask is None else torch.isfinite(m) & row_mask.bool()[:, None, :]
-            self.mass[layer] += torch.where(keep, mass, torch.zeros_like(mass)).sum(dim=(0, 2)).double().cpu()
-            self.rows[layer] += keep.sum(dim=(0, 2)).double().cpu()
+            batch_mass = torch.where(keep, mass, torch.zeros_like(mass)).double().sum(dim=(0, 2))
+            self.mass[layer] += (batch_mass * FIXED_POINT).round().to(torch.int64).cpu()
+            self.rows[layer] += keep.sum(dim=(0, 2)).cpu()
         self._rows.clear()
 
     def merge(self, other: SinkStats) -> SinkStats:
@@ -86,12 +88,12 @@ class SinkStats:
 
     @classmethod
     def from_dict(cls, data: dict) -> SinkStats:
-        as_tensor = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
         return cls(as_tensor(data["mass"]), as_tensor(data["rows"]), data["lambdas"])
 
     def per_head(self) -> torch.Tensor:
         """(layers, heads) mean attention mass on the first position."""
-        return self.mass / self.rows.clamp_min(1)
+        return self.mass.double() / FIXED_POINT / self.rows.clamp_min(1).double()
 
     def summary(self, epsilon: float = SINK_EPSILON) -> dict:
         """JSON-ready: per-(layer, head) mass, its mean, and the share of heads above ε (Diff: combined maps)."""

@@ -139,3 +139,70 @@ def test_needle_example_rejects_impossible_requests(filler_and_tokenizer):
         make_needle_example(random.Random(0), filler, 20, 3, [0.5] * 3)
     with pytest.raises(DataError, match="depths"):
         make_needle_example(random.Random(0), filler, 256, 2, [0.5])
+
+
+def sword_module(tmp_path, books: list[str]):
+    """A zText module written from SWORD's layout: .bzs records (offset, compressed size, size) into .bzz blocks."""
+    index, data = b"", b""
+    for book in books:
+        raw = book.encode("utf-8")
+        block = zlib.compress(raw)
+        index += struct.pack("<III", len(data), len(block), len(raw))
+        data += block
+    (tmp_path / "nt.bzs").write_bytes(index)
+    (tmp_path / "nt.bzz").write_bytes(data)
+    return tmp_path
+
+
+def test_sword_chapters_drop_notes_and_tags(tmp_path):
+    from quantdiff.data import sword
+
+    book = (
+        '<milestone type="x-importer"/><title type="main">Matthew</title>'
+        '<chapter n="1" osisID="Matt.1" sID="Matt.1"/><w lemma="G1">The</w> <w>book</w>,<note placement="foot">a footnote</note> '
+        '<w>of</w> <w>Jesus</w>. <div type="x-p" sID="p1"/>Second <w>paragraph</w>.<chapter eID="Matt.1"/>'
+        '<chapter n="2" osisID="Matt.2" sID="Matt.2"/>Now   when Jesus was born.'
+    )
+    module = sword_module(tmp_path, ["<milestone/>", book])
+    assert sword.chapters(module) == {"nt/1/1": "The book, of Jesus.\nSecond paragraph.", "nt/1/2": "Now when Jesus was born."}
+    (tmp_path / "nt.bzs").write_bytes(b"\0" * 13)
+    with pytest.raises(DataError, match="multiple of 12"):
+        sword.chapters(module)
+
+
+def test_info_nodes_are_documents(tmp_path):
+    import gzip
+
+    from quantdiff.data import infotext
+
+    text = "preamble\n\x1f\nFile: py.info,  Node: Top,  Next: Intro,  Up: (dir)\n\nPython\n******\n\x1f\nFile: py.info,  Node: Intro,  Prev: Top\n\nHello world.\n\x1f\nTag Table:\n"
+    path = tmp_path / "py.info.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    assert infotext.nodes(path) == {"Top": "Python\n******", "Intro": "Hello world."}
+
+
+def test_mixed_corpora_split_by_document_and_missing_ones_say_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTDIFF_CORPUS_DIR", str(tmp_path))
+    monkeypatch.setattr(corpus, "SYSTEM_ROOT", tmp_path / "none")
+    corpus.split_text.cache_clear()
+    module = tmp_path / "web" / corpus.SOURCES["web"].path
+    chapters = "".join(f'<chapter n="{i}" sID="B.{i}"/>verse of chapter {i}. ' for i in range(1, 201))
+    sword_module(module.mkdir(parents=True) or module, ["<milestone/>", chapters])
+    try:
+        train = corpus.split_text("train", 0.1, corpora=("web",))
+        held = corpus.split_text(corpus.HELD_OUT_SPLIT, 0.1, corpora=("web",))
+        assert set(train.split("\n\n")) | set(held.split("\n\n")) == {f"verse of chapter {i}." for i in range(1, 201)}
+        assert 5 < len(held.split("\n\n")) < 40 and not set(train.split("\n\n")) & set(held.split("\n\n"))
+        with pytest.raises(DataError, match="--install --corpus kjv"):
+            corpus.split_text("train", 0.1, corpora=("web", "kjv"))
+    finally:
+        corpus.split_text.cache_clear()
+        corpus._read_documents.cache_clear()
+
+
+@pytest.mark.skipif(any(corpus.debian.find_installed(n, corpus.SOURCES[n].path) is None for n in ("web", "kjv", "python-doc")),
+                    reason="corpora not installed (python -m quantdiff.data.corpus --install --corpus web --corpus kjv --corpus python-doc)")
+def test_real_debian_corpora_have_many_documents():
+    sizes = {name: len(corpus.documents(name)) for name in ("web", "kjv", "python-doc")}
+    assert sizes["kjv"] == 1189 and sizes["web"] > 1189 and sizes["python-doc"] > 1000  # KJV: 1,189 chapters
+    assert "In the beginning" in corpus.documents("kjv")["ot/1/1"]

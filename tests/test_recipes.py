@@ -69,6 +69,29 @@ def test_bad_recipes_are_rejected_by_name(edit, message):
         parse_recipe(GOOD.replace(*edit), "bad")
 
 
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (("[data]\n", "[data]\ncorpora = ['janeaustenr', 'bible']\n"), "unknown corpus 'bible'"),
+        (("[data]\n", "[data]\ncorpora = ['web', 'web']\n"), "lists a corpus twice"),
+        (("lr = 1", "lr = 1\nadam_beta2 = 1.0"), "adam_beta1 and adam_beta2 must be in"),
+        (("lr = 1", "lr = 1\nbos = 1"), "bos must be a bool"),
+        (("lr = 1", "lr = 1\noutlier_sequences = -1"), "outlier_sequences must be at least 0"),
+    ],
+    ids=["unknown-corpus", "repeated-corpus", "beta2", "bos-type", "outlier-sequences"],
+)
+def test_bad_emergence_options_are_rejected_by_name(edit, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_recipe(GOOD.replace(*edit), "bad")
+
+
+def test_emergence_options_default_to_the_old_behaviour_and_mix_corpora():
+    old, sinks = parse_recipe(GOOD, "t"), load_recipe("cpu-sinks")
+    assert (old.train.bos, old.train.adam_beta1, old.train.adam_beta2) == (False, 0.9, 0.95)
+    assert old.data.corpus_names == ("janeaustenr",)
+    assert sinks.data.corpus_names == ("janeaustenr", "web", "kjv") and sinks.train.bos
+
+
 def test_unknown_recipe_name():
     with pytest.raises(ConfigError, match="no recipe 'nonesuch'"):
         load_recipe("nonesuch")

@@ -29,6 +29,7 @@ checkpoint_every = 3
 eval_every = 3
 eval_batches = 1
 device = "cpu"
+bos = true
 [tasks]
 lm_tokens = 512
 choice_items = 6
@@ -110,6 +111,56 @@ def test_reproduce_micro_recipe_end_to_end(tmp_path, monkeypatch, capsys):
                 checked += 1
     assert checked >= 2 * 2 * 3  # 2 models × 2 methods × (reference + 2 widths), per table at least
     assert sorted(p.name for p in (tmp_path / "rep").glob("sweep_*.png")) == ["sweep_choice.png", "sweep_retrieval.png"]
+
+    # emergence: the train logs' outlier series, plotted and tabled
+    assert (tmp_path / "rep" / "emergence.png").stat().st_size > 1000
+    logs = {kind: json.loads((tmp_path / "runs" / "micro" / kind / "train_log.json").read_text()) for kind in ("standard", "diff")}
+    assert all(len(log["outliers"]) >= 2 for log in logs.values())
+    _check_emergence_table(report, logs)
+    assert "(BOS first, as in training)" in report and stats["data"]["source"] == "builtin:corpus, BOS first (as the pair was trained)"
+    assert all(m["sinks"]["heads_scored"] > 0 for m in stats["models"])
+
+
+def _check_emergence_table(report: str, logs: dict[str, dict]) -> None:
+    """The Emergence section's table holds each eval step's numbers of both train logs."""
+    section = report.split("## Emergence of outliers during training", 1)[1].split("\n## ", 1)[0]
+    [table] = _tables(section)
+    header, rows = table[0], table[1:]
+    assert [int(r[0]) for r in rows] == [e["step"] for e in logs["standard"]["outliers"]]
+    for kind, log in logs.items():
+        columns = {
+            header.index(f"Top-1 attention logit (abs) — {kind}"): ("attention_logits", "top1"),
+            header.index(f"Top-1 hidden state (abs) — {kind}"): ("hidden_states", "top1"),
+            header.index(f"sink score (share of heads > ε) — {kind}"): ("sink", "score"),
+        }
+        for row, entry in zip(rows, log["outliers"]):
+            assert row[1] == f"{entry['tokens']:,}"
+            for column, (block, key) in columns.items():
+                assert float(row[column]) == pytest.approx(entry[block][key], rel=1e-2, abs=1e-9), (kind, header[column])
+    assert "![emergence.png](emergence.png)" in section
+
+
+def test_emergence_section_and_plot_from_train_logs(tmp_path):
+    from quantdiff.report.emergence import emergence_markdown, plot_emergence, read_series
+
+    def entry(step: int, logit: float, hidden: float, score: float) -> dict:
+        return {"step": step, "tokens": step * 1000, "attention_logits": {"top1": logit}, "hidden_states": {"top1": hidden},
+                "sink": {"score": score, "mean": score / 2}}
+
+    logs = {"standard": [entry(10, 5.0, 20.0, 0.0), entry(20, 9.0, 400.0, 0.5)], "diff": [entry(10, 4.0, 10.0, 0.0), entry(20, 3.0, 30.0, 0.0)]}
+    dirs = {}
+    for kind, series in logs.items():
+        dirs[kind] = tmp_path / kind
+        dirs[kind].mkdir()
+        (dirs[kind] / "train_log.json").write_text(json.dumps({"kind": kind, "outliers": series}))
+    series = read_series(dirs)
+    assert series == logs
+    plot_emergence(series, tmp_path / "emergence.png")
+    assert (tmp_path / "emergence.png").stat().st_size > 1000
+    _check_emergence_table("## Emergence of outliers during training\n\n" + emergence_markdown(series), {k: {"outliers": v} for k, v in logs.items()})
+    (dirs["diff"] / "train_log.json").write_text(json.dumps({"kind": "diff"}))  # an old log: no series
+    assert list(read_series(dirs)) == ["standard"]
+    assert emergence_markdown({}).startswith("Not tracked")
 
 
 def test_reproduce_refuses_a_foreign_directory(tmp_path, capsys):

@@ -49,12 +49,13 @@ WORDS = "the lady walked to the house and spoke with her sister about a letter f
 def synthetic_corpus(monkeypatch):
     """Both splits from a fixed word list; a different seed for the held-out split."""
 
-    def split_text(split: str, fraction: float = 0.1) -> str:
+    def split_text(split: str, fraction: float = 0.1, corpora: tuple[str, ...] = ("janeaustenr",)) -> str:
         rng = random.Random(split)
         return " ".join(" ".join(rng.choices(WORDS, k=rng.randint(4, 14))).capitalize() + "." for _ in range(600))
 
     monkeypatch.setattr(corpus, "split_text", split_text)
     monkeypatch.setattr(corpus, "read_novels", lambda: {})
+    monkeypatch.setattr(corpus, "require", lambda corpora: None)
 
 
 @pytest.fixture
@@ -145,8 +146,9 @@ class Oracle(torch.nn.Module):
     def __init__(self, continuation: list[int], vocab: int):
         super().__init__()
         self.continuation, self.vocab, self.start = continuation, vocab, None
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # scoring finds the device through a parameter
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, **_masks_and_positions):
         self.start = self.start or input_ids.shape[1]
         logits = torch.zeros(1, input_ids.shape[1], self.vocab)
         logits[0, -1, self.continuation[input_ids.shape[1] - self.start]] = 1.0
@@ -156,10 +158,12 @@ class Oracle(torch.nn.Module):
 def test_greedy_exact_match_counts_only_the_full_value(synthetic_corpus, recipe):
     data = training.prepare_data(recipe)
     [example] = training.retrieval_examples(corpus.held_out_text(), data.tokenizer, 160, 2, 1, seed=0)
-    value = data.tokenizer(" " + example.needles[example.query_index][1], add_special_tokens=False)["input_ids"]
-    assert training.greedy_exact_match(Oracle(value, 300), data.tokenizer, [example], torch.device("cpu")) == 1.0
+    # the retrieval task's answer: the queried value and the period after it
+    assert example.answer == " " + example.needles[example.query_index][1] + "."
+    value = data.tokenizer(example.answer, add_special_tokens=False)["input_ids"]
+    assert training.retrieval_exact_match(Oracle(value, 300), data.tokenizer, [example]) == 1.0
     wrong = value[:-1] + [(value[-1] + 1) % 300]
-    assert training.greedy_exact_match(Oracle(wrong, 300), data.tokenizer, [example], torch.device("cpu")) == 0.0
+    assert training.retrieval_exact_match(Oracle(wrong, 300), data.tokenizer, [example]) == 0.0
 
 
 def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(synthetic_corpus, recipe, tmp_path):
@@ -177,6 +181,8 @@ def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(synthetic_corp
         log_a, log_b = (json.loads((p[kind] / "train_log.json").read_text()) for p in (full, resumed))
         assert log_a["train_loss_curve"] == log_b["train_loss_curve"] and len(log_a["train_loss_curve"]) == 6
         assert log_a["held_out_loss"] == log_b["held_out_loss"]
+        _check_outlier_series(log_a["outliers"], recipe, kind)
+        assert log_a["outliers"] == log_b["outliers"]  # measuring changes nothing: a resumed run logs the same series
         # a complete HF directory: loads with transformers alone
         model = AutoModelForCausalLM.from_pretrained(full[kind], local_files_only=True)
         assert model.config.hidden_size == recipe.model.hidden_size
@@ -185,6 +191,40 @@ def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(synthetic_corp
     # both models trained on the same batches: identical step count, parameter counts differ by λ only
     std, diff = (json.loads((full[k] / "train_log.json").read_text()) for k in KINDS)
     assert diff["parameters"] - std["parameters"] == diff["lambda_parameters"] > 0
+
+
+def _check_outlier_series(series: list[dict], recipe, kind: str) -> None:
+    """One entry per eval step with the Table-5 numbers and the sink score, from the same held-out tokens."""
+    cfg = recipe.train
+    assert [e["step"] for e in series] == list(range(cfg.eval_every, cfg.steps + 1, cfg.eval_every)) and len(series) >= 2
+    for entry in series:
+        assert entry["tokens"] == entry["step"] * cfg.batch_size * cfg.seq_len
+        for key in ("attention_logits", "hidden_states"):
+            block = entry[key]
+            assert block["top1"] >= block["median"] > 0 and block["kurtosis"] is not None
+        sink = entry["sink"]
+        assert 0 <= sink["score"] <= 1 and 0 < sink["mean"] <= sink["max"] <= 1
+        assert len(sink["per_head"]) == recipe.model.num_layers
+        assert ("combined" in sink) == (kind == "diff")
+        assert len(entry["hidden_states"]["per_layer_top1"]) == recipe.model.num_layers
+
+
+def test_bos_rows_start_with_bos_and_keep_their_length(synthetic_corpus):
+    bos = parse_recipe(RECIPE.replace("[train]", "[train]\nbos = true"), "unit")
+    data = training.prepare_data(bos)
+    inputs, targets = training.make_batch(0, data, bos)
+    assert inputs.shape == (bos.train.batch_size, bos.train.seq_len)
+    assert (inputs[:, 0] == data.tokenizer.bos_token_id).all()
+    assert (targets[:, 0] != data.tokenizer.bos_token_id).all() and (targets != data.tokenizer.bos_token_id).all()
+    windows = training.held_out_windows(data, bos.train.seq_len, 1000)
+    assert all(w[0] == data.tokenizer.bos_token_id and len(w) == bos.train.seq_len for w in windows)
+
+
+def test_adam_betas_come_from_the_recipe(recipe):
+    custom = parse_recipe(RECIPE.replace("[train]", "[train]\nadam_beta1 = 0.8\nadam_beta2 = 0.99"), "unit")
+    model = build_pair(custom.model, 0, "sdpa")["standard"]
+    assert training.make_optimizer(model, custom.train)[0].defaults["betas"] == (0.8, 0.99)
+    assert training.make_optimizer(model, recipe.train)[0].defaults["betas"] == (0.9, 0.95)  # the default: as before
 
 
 def test_existing_pair_is_not_overwritten_without_force(synthetic_corpus, recipe, tmp_path):

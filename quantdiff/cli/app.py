@@ -14,7 +14,7 @@ import os
 import sys
 
 # Before anything imports torch: with OpenMP's default (active) wait policy, 2-thread torch steps stalled for
-# seconds on 2-core machines (DESIGN.md). Users can still override it.
+# seconds on 2-core machines. Users can still override it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer

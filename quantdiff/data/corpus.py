@@ -1,79 +1,57 @@
-"""The English training corpus: Jane Austen's six novels from Debian's `r-cran-janeaustenr`, read at run time.
+"""The English training corpora, read at run time from Debian packages (never committed).
 
-The text is public domain but is never committed: `python -m quantdiff.data.corpus --install` fetches the Debian
-package with `apt-get download` and unpacks it with `dpkg -x` into the user's cache (no root, no R), or the
-corpus is read from a system-wide install of the package.
+Corpora (`CORPORA`, mixable in a recipe's `[data] corpora`): `janeaustenr` (Jane Austen's six novels,
+`r-cran-janeaustenr`; the default), `web` and `kjv` (World English and King James Bibles, `sword-text-web`,
+`sword-text-kjv`) and `python-doc` (the Python 3.11 documentation as info text, `python3.11-doc`).
+`python -m quantdiff.data.corpus --install [--corpus NAME ...]` fetches a package with `apt-get download` and
+unpacks it with `dpkg -x` into the user's cache (no root), or the corpus is read from a system-wide install.
 
-Split: every novel is cut into chapters; a chapter goes to the held-out split when a stable hash of its
-(novel, chapter number) falls in the held-out fraction. Whole chapters keep held-out text from sharing
-paragraphs with training text, and the hash makes the split independent of machine, order and seed.
+Split: every corpus is cut into documents (Austen: chapters; Bibles: chapters; Python docs: info nodes); a
+document goes to the held-out split when a stable hash of its key falls in the held-out fraction. Whole
+documents keep held-out text from sharing paragraphs with training text, and the hash makes the split
+independent of machine, order, seed and of which other corpora are mixed in.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import re
-import shutil
 import struct
-import subprocess
 import sys
-import tempfile
 import zlib
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 from quantdiff.core.errors import DataError
+from quantdiff.data import debian, infotext, sword
 
 PACKAGE = "r-cran-janeaustenr"
 RDATA = Path("usr/lib/R/site-library/janeaustenr/data/Rdata.rdb")  # inside the package's file tree
-SYSTEM_ROOT = Path("/")
+SYSTEM_ROOT = debian.SYSTEM_ROOT
+DEFAULT_CORPORA = ("janeaustenr",)
 HELD_OUT_FRACTION = 0.1
 # Marker for other code (cloze set, eval windows): text of this split is never seen in training.
 HELD_OUT_SPLIT = "held_out"
 INSTALL_HINT = f"install it with `python -m quantdiff.data.corpus --install` (needs apt-get; Debian package {PACKAGE})"
 _CHAPTER = re.compile(r"^(CHAPTER|Chapter)\s+([IVXLC\d]+)\b")
-
-
-def cache_dir() -> Path:
-    """`$QUANTDIFF_CACHE`, else `~/.cache/quantdiff`: where the corpus and derived data sets live."""
-    return Path(os.environ.get("QUANTDIFF_CACHE") or Path.home() / ".cache" / "quantdiff")
+cache_dir = debian.cache_dir
 
 
 def corpus_dir() -> Path:
-    """Where `--install` unpacks the package (`$QUANTDIFF_CORPUS_DIR` overrides, as scripts/setup.sh checks)."""
-    return Path(os.environ.get("QUANTDIFF_CORPUS_DIR") or cache_dir() / "corpus") / "janeaustenr"
+    """Where `--install` unpacks the Austen package (`$QUANTDIFF_CORPUS_DIR` overrides, as scripts/setup.sh checks)."""
+    return debian.corpus_root() / "janeaustenr"
 
 
 def find_rdata() -> Path | None:
-    for root in (corpus_dir(), SYSTEM_ROOT):
-        if (root / RDATA).is_file():
-            return root / RDATA
-    return None
+    return debian.find_installed("janeaustenr", RDATA, SYSTEM_ROOT)
 
 
 def install(quiet: bool = False) -> Path:
-    """Download the Debian package and unpack it into `corpus_dir()`; run `apt-get update` once if needed."""
-    if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
-        raise DataError(f"cannot install the corpus: apt-get/dpkg not found (install the Debian package {PACKAGE} by hand)")
-    target = corpus_dir()
-    with tempfile.TemporaryDirectory() as tmp:
-        run = lambda *cmd: subprocess.run(cmd, cwd=tmp, capture_output=quiet, text=True)  # noqa: E731
-        if run("apt-get", "download", PACKAGE).returncode != 0:
-            run("apt-get", "update")
-            if run("apt-get", "download", PACKAGE).returncode != 0:
-                raise DataError(f"`apt-get download {PACKAGE}` failed: is a Debian/Ubuntu package source reachable?")
-        debs = sorted(Path(tmp).glob(f"{PACKAGE}_*.deb"))
-        unpacked = Path(tmp) / "root"
-        if not debs or run("dpkg", "-x", str(debs[0]), str(unpacked)).returncode != 0:
-            raise DataError(f"could not unpack {PACKAGE}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.move(str(unpacked), target)  # whole tree at once: a half-unpacked corpus is never visible
-    read_novels.cache_clear()
-    return target / RDATA
+    """Download the Austen package and unpack it into `corpus_dir()`."""
+    return install_corpus("janeaustenr", quiet) / RDATA
 
 
 def parse_rdata(blob: bytes) -> list[list[str]]:
@@ -143,21 +121,84 @@ def chapters(lines: list[str]) -> list[str]:
 
 
 def is_held_out(novel: str, chapter_index: int, fraction: float = HELD_OUT_FRACTION) -> bool:
-    digest = hashlib.sha256(f"{novel}/{chapter_index}".encode()).digest()
+    return key_is_held_out(f"{novel}/{chapter_index}", fraction)
+
+
+def key_is_held_out(key: str, fraction: float = HELD_OUT_FRACTION) -> bool:
+    digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-@lru_cache(maxsize=4)
-def split_text(split: str, fraction: float = HELD_OUT_FRACTION) -> str:
-    """All chapters of one split ("train" or HELD_OUT_SPLIT), in novel then chapter order, blank-line separated."""
+def austen_documents(_path: Path) -> dict[str, str]:
+    """{"<novel>/<chapter index>": chapter text}, novels in title order (the keys the split has always hashed)."""
+    return {f"{novel}/{index}": text for novel, lines in sorted(read_novels().items()) for index, text in enumerate(chapters(lines))}
+
+
+@dataclass(frozen=True)
+class Corpus:
+    package: str
+    path: Path  # inside the package's file tree
+    documents: Callable[[Path], dict[str, str]]  # installed path -> {document key: text}, in reading order
+    key_prefix: str  # hashed with each key; "" keeps the Austen split as it always was
+
+
+SWORD_MODULES = Path("usr/share/sword/modules/texts/ztext")
+SOURCES = {
+    "janeaustenr": Corpus(PACKAGE, RDATA, austen_documents, ""),
+    "web": Corpus("sword-text-web", SWORD_MODULES / "engWEB2015eb", sword.chapters, "web/"),
+    "kjv": Corpus("sword-text-kjv", SWORD_MODULES / "engKJV2006eb", sword.chapters, "kjv/"),
+    "python-doc": Corpus("python3.11-doc", Path("usr/share/info/python3.11.info.gz"), infotext.nodes, "python-doc/"),
+}
+CORPORA = tuple(SOURCES)
+
+
+def install_hint(name: str) -> str:
+    if name == "janeaustenr":
+        return INSTALL_HINT
+    return f"install it with `python -m quantdiff.data.corpus --install --corpus {name}` (needs apt-get; Debian package {SOURCES[name].package})"
+
+
+def install_corpus(name: str, quiet: bool = False) -> Path:
+    """Download and unpack corpus `name`'s package into the cache; returns the unpacked root."""
+    target = debian.install_package(SOURCES[name].package, name, quiet)
+    read_novels.cache_clear()
+    _read_documents.cache_clear()
+    split_text.cache_clear()
+    return target
+
+
+def documents(name: str) -> dict[str, str]:
+    """{document key: text} of one corpus; DataError naming the corpus and how to install it when missing."""
+    if name not in SOURCES:
+        raise DataError(f"unknown corpus {name!r} (known: {', '.join(CORPORA)})")
+    path = debian.find_installed(name, SOURCES[name].path, SYSTEM_ROOT)
+    if path is None:
+        raise DataError(f"corpus {name!r} not found: {install_hint(name)}")
+    return _read_documents(name, path)
+
+
+@lru_cache(maxsize=8)
+def _read_documents(name: str, path: Path) -> dict[str, str]:
+    return SOURCES[name].documents(path)
+
+
+def require(corpora: tuple[str, ...] = DEFAULT_CORPORA) -> None:
+    """DataError with install instructions unless every corpus in `corpora` is readable."""
+    for name in corpora:
+        documents(name)
+
+
+@lru_cache(maxsize=8)
+def split_text(split: str, fraction: float = HELD_OUT_FRACTION, corpora: tuple[str, ...] = DEFAULT_CORPORA) -> str:
+    """All documents of one split ("train" or HELD_OUT_SPLIT), corpus by corpus in reading order, blank-line separated."""
     if split not in ("train", HELD_OUT_SPLIT):
         raise DataError(f"unknown corpus split {split!r}: use 'train' or {HELD_OUT_SPLIT!r}")
     keep = split == HELD_OUT_SPLIT
     parts = [
         text
-        for novel, lines in sorted(read_novels().items())
-        for index, text in enumerate(chapters(lines))
-        if is_held_out(novel, index, fraction) == keep
+        for name in corpora
+        for key, text in documents(name).items()
+        if key_is_held_out(SOURCES[name].key_prefix + key, fraction) == keep
     ]
     return "\n\n".join(parts)
 
@@ -176,17 +217,21 @@ def sentences(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quantdiff.corpus", description=__doc__.splitlines()[0])
-    parser.add_argument("--install", action="store_true", help=f"download and unpack {PACKAGE} into {corpus_dir()}")
+    parser = argparse.ArgumentParser(prog="python -m quantdiff.data.corpus", description=__doc__.splitlines()[0])
+    parser.add_argument("--install", action="store_true", help=f"download and unpack the corpora's packages into {debian.corpus_root()}")
+    parser.add_argument("--corpus", action="append", choices=CORPORA, help="corpus to install or describe (repeatable; default janeaustenr)")
     args = parser.parse_args(argv)
+    names = tuple(args.corpus or DEFAULT_CORPORA)
     try:
-        if args.install and find_rdata() is None:
-            print(f"installed {install()}")
-        train, held = train_text(), held_out_text()
+        for name in names:
+            if args.install and debian.find_installed(name, SOURCES[name].path, SYSTEM_ROOT) is None:
+                print(f"installed {install_corpus(name)}")
+        for name in names:
+            train, held = split_text("train", corpora=(name,)), split_text(HELD_OUT_SPLIT, corpora=(name,))
+            print(f"{name}: {len(documents(name)):,} documents, train {len(train):,} chars, held-out {len(held):,} chars")
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"corpus: {find_rdata()}  train {len(train):,} chars, held-out {len(held):,} chars")
     return 0
 
 

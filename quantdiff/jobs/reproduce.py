@@ -1,12 +1,16 @@
 """`quantdiff reproduce`: the whole analysis of one matched pair, written to a report directory.
 
 A pair is the shipped one ("tiny"), or the one a recipe trains into runs/<recipe>/ (trained first if missing).
-The statistics and the accuracy sweep run on the same held-out corpus text; the report directory holds
-report.md, stats.json, sweep.json and the PNG plots, and appears only once everything in it is written.
+The statistics and the accuracy sweep run on the same held-out corpus text (the statistics with a BOS token
+first when the recipe trained with one); the report directory holds report.md, stats.json, sweep.json and the
+PNG plots (with emergence.png when the train logs carry an outlier series), and appears only once everything
+in it is written.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +22,7 @@ from quantdiff.core.atomic import write_json
 from quantdiff.core.savedir import atomic_dir, check_target, is_marked
 
 RUNS = Path("runs")
+BOS_CORPUS_SOURCE = "builtin:corpus, BOS first (as the pair was trained)"
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,24 @@ def _tasks(recipe: Recipe, options: ReproduceOptions) -> list:
     return [made[name]() for name in options.tasks]
 
 
+def stats_source(recipe: Recipe, model_dir: Path, scratch: Path) -> str:
+    """`builtin:corpus`, or — for a pair trained with BOS — a JSONL of the same held-out windows with BOS first.
+
+    A model trained with BOS at every sequence start is measured the way it runs: its sinks and massive
+    activations sit on that token."""
+    if not recipe.train.bos:
+        return "builtin:corpus"
+    from quantdiff.data.sources import load_sequences
+    from quantdiff.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    tokenize = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    windows = load_sequences("builtin:corpus", tokenize, recipe.analysis.stats_tokens, recipe.analysis.seq_len - 1, len(tokenizer))
+    path = scratch / "held_out_bos.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": [tokenizer.bos_token_id] + w}) + "\n" for w in windows))
+    return str(path)
+
+
 def reproduce(options: ReproduceOptions, console) -> Path:
     """Run stats and the sweep on the pair and write the report directory; returns the path of report.md."""
     from quantdiff.jobs.evaluate import run_models
@@ -74,6 +97,7 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     from quantdiff.jobs.stats import StatsOptions
     from quantdiff.jobs.stats import run as run_stats
     from quantdiff.eval.sweep import Cell, cells_to_json, plan_sweep
+    from quantdiff.report.emergence import emergence_markdown, plot_emergence, read_series
     from quantdiff.report.sweep_report import plot_sweep
 
     replace = options.force or is_marked(options.out)  # an earlier report is ours to replace
@@ -90,12 +114,12 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     attention_plan = plan_sweep(methods, analysis.bits, attention_sites)
     specs = list(dirs.items())  # models are named by kind in every table and JSON of the report
     started = time.perf_counter()
-    with atomic_dir(options.out, force=replace, kind="report", sources=dirs.values()) as tmp:
+    with atomic_dir(options.out, force=replace, kind="report", sources=dirs.values()) as tmp, tempfile.TemporaryDirectory() as scratch:
         console.print(f"statistics over {options.stats_tokens or analysis.stats_tokens:,} held-out tokens per model")
         stats_doc = run_stats(
             StatsOptions(
                 models=tuple(str(p) for _, p in specs),
-                data="builtin:corpus",
+                data=stats_source(recipe, specs[0][1], Path(scratch)),
                 tokens=options.stats_tokens or analysis.stats_tokens,
                 seq_len=analysis.seq_len,
                 device=options.device,
@@ -104,6 +128,9 @@ def reproduce(options: ReproduceOptions, console) -> Path:
             ),
             quiet=True,
         )
+        if recipe.train.bos:  # name the data, not the scratch file that held it
+            stats_doc["data"]["source"] = BOS_CORPUS_SOURCE
+            write_json(tmp / "stats.json", stats_doc)
         cells: list[Cell] = []
         for task in tasks:
             configs = plan.configs if task.name == "lm" else attention_plan.configs
@@ -113,17 +140,21 @@ def reproduce(options: ReproduceOptions, console) -> Path:
             cells += task_cells
         sweep_doc = cells_to_json(cells)
         write_json(tmp / "sweep.json", sweep_doc, indent=2)
+        series = read_series(dirs)
+        if series:
+            plot_emergence(series, tmp / "emergence.png")
         kinds = {entry["name"]: entry["kind"] for entry in stats_doc["models"]}
         context = {
             "pair": f"{options.target} ({', '.join(str(p) for _, p in specs)})",
             "recipe": f"{recipe.name}: {recipe.model.hidden_size} wide, {recipe.model.num_layers} layers, "
             f"{recipe.model.num_heads} heads (Diff: {recipe.model.num_heads // 2} differential heads), "
             f"{recipe.train.tokens:,} training tokens per model",
-            "statistics data": f"{stats_doc['data']['tokens']:,} held-out corpus tokens per model, sequences of {analysis.seq_len}",
+            "statistics data": f"{stats_doc['data']['tokens']:,} held-out corpus tokens per model, sequences of {analysis.seq_len}"
+            + (" (BOS first, as in training)" if recipe.train.bos else ""),
             "quantization": f"methods {', '.join(analysis.methods)}; bits {', '.join(map(str, analysis.bits))}; "
             f"sites {', '.join(analysis.sites)} (linear on task lm only); skipped: {'; '.join(plan.skipped) or 'none'}",
             "tasks": ", ".join(f"{t.name}" for t in tasks),
             "run time": f"{time.perf_counter() - started:.0f} s",
         }
-        write_report_markdown(tmp / "report.md", stats_doc, sweep_doc, kinds, context)
+        write_report_markdown(tmp / "report.md", stats_doc, sweep_doc, kinds, context, emergence_markdown(series))
     return options.out / "report.md"

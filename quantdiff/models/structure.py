@@ -99,6 +99,13 @@ def differential_lambda(module: nn.Module) -> float:
     return float(torch.exp(dot(module.lambda_q1, module.lambda_k1)) - torch.exp(dot(module.lambda_q2, module.lambda_k2)) + module.lambda_init)
 
 
+def layer_lambdas(model: nn.Module) -> list[float] | None:
+    """λ of every differential attention layer, in layer order; None for standard attention."""
+    if not is_differential(model):
+        return None
+    return [differential_lambda(module) for _, module in attention_modules(model)]
+
+
 def logit_softcap(config) -> float | None:
     """The cap of attention-logit soft-capping (Gemma 2: cap·tanh(logits/cap) before softmax), None without."""
     return getattr(config, "attn_logit_softcapping", None) or None

@@ -85,8 +85,11 @@ def figure8_markdown(cells: list[dict]) -> str:
     return "\n\n".join(out)
 
 
-def write_report_markdown(path: Path, stats: dict, sweep: dict | None, kinds: dict[str, str], context: dict) -> None:
-    """Write report.md (atomically) from the stats and sweep JSON; `context` lists what was run on what."""
+def write_report_markdown(
+    path: Path, stats: dict, sweep: dict | None, kinds: dict[str, str], context: dict, emergence: str | None = None
+) -> None:
+    """Write report.md (atomically) from the stats and sweep JSON; `context` lists what was run on what;
+    `emergence` is the section body built from the train logs (report.emergence), None to leave it out."""
     parts = [
         "# quantdiff report",
         "Rows marked **ours** were measured by this run; rows marked **paper** are the numbers of "
@@ -94,6 +97,8 @@ def write_report_markdown(path: Path, stats: dict, sweep: dict | None, kinds: di
         "## Setup\n\n" + "\n".join(f"- {k}: {v}" for k, v in context.items()),
         "## Largest activation values (the paper's Table 5)\n\n" + table5_markdown(stats, kinds),
     ]
+    if emergence is not None:
+        parts.append("## Emergence of outliers during training\n\n" + emergence)
     if sweep is not None:
         parts.append("## Accuracy with quantized attention (the paper's Figure 8)\n\n" + figure8_markdown(sweep["cells"]))
     else:

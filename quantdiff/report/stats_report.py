@@ -72,9 +72,19 @@ def render(doc: dict, console=None, per_layer: bool = False) -> None:
         features = model["hidden_states"]["outlier_features"]
         console.print(f"{model['name']}: {features['count']} LLM.int8 outlier feature(s) in hidden states"
                       + (f" (channels {features['channels'][:10]})" if features["count"] else ""))
+        if "sinks" in model:
+            console.print(sink_line(model["name"], model["sinks"]))
     if per_layer:
         for key, label in ACTIVATIONS.items():
             render_per_layer(models, key, label, console)
+
+
+def sink_line(name: str, sinks: dict) -> str:
+    heads = "differential heads (maps combined)" if "combined" in sinks else "heads"
+    return (
+        f"{name}: attention sinks: {sinks['score']:.0%} of {sinks['heads_scored']} {heads} put more than "
+        f"{sinks['epsilon']:g} of their attention on the first position (mean {sinks['mean']:.3f}, max {sinks['max']:.3f})"
+    )
 
 
 def render_per_layer(models: list[dict], key: str, label: str, console) -> None:

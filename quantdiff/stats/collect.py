@@ -26,6 +26,7 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.models import structure
 from quantdiff.stats.absstats import AbsStats
 from quantdiff.stats.model_stats import LOGIT_LOCATION, ModelStats
+from quantdiff.stats.sinks import SinkStats
 
 DEFAULT_K = 100
 
@@ -65,10 +66,12 @@ class StatsCollector:
         self.capped = AbsStats.empty(layers * heads, k, LOGIT_LOCATION, device) if structure.logit_softcap(config) else None
         # Compiled per-element kernels pay off on CUDA; on CPU the one-off compile outweighs them for short runs.
         self.stats.logits.fused = self.stats.hidden.fused = device.type == "cuda" if compile is None else compile
+        self.sinks = SinkStats.empty(len(attention.taps(model)), config.num_attention_heads, structure.layer_lambdas(model))
         self.batch: Batch | None = None
         self.label = structure.model_label(model)
 
     def on_logits(self, logits: torch.Tensor, ctx: TileContext) -> None:
+        self.sinks.on_tile(logits, ctx)
         b, h, rows, cols = logits.shape
         valid = ctx.valid
         mask = self.batch.attention_mask
@@ -110,6 +113,7 @@ class StatsCollector:
                 if block is not None:
                     deferred.enter_context(block.deferred_merges())
             model.base_model(input_ids=self.batch.input_ids, attention_mask=self.batch.attention_mask, use_cache=False)
+        self.sinks.end_batch(self.batch.attention_mask)
         self.stats.tokens += batch.tokens
         self.stats.sequences += batch.input_ids.shape[0]
 
@@ -135,6 +139,7 @@ def collect(
                     progress(batch.tokens)
     if coverage.ran:
         coverage.check(allow_partial)
+    collector.stats.sinks = collector.sinks
     return Collected(collector.stats, coverage, collector.capped)
 
 
@@ -150,6 +155,7 @@ def collect_stats(
 
     progress(tokens) is called after each batch. Statistics live on the model's device. compile: fuse the
     per-element work with torch.compile (None: on CUDA only). allow_partial: accept a model where some
-    attention module or decoder layer was never reached (else ConfigError naming them).
+    attention module or decoder layer was never reached (else ConfigError naming them). The attention-sink
+    statistics ride along as `stats.sinks` (a SinkStats: ModelStats itself knows logits and hidden states only).
     """
     return collect(model, batches, k, progress, compile, allow_partial).stats

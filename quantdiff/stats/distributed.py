@@ -6,6 +6,7 @@ import os
 
 from quantdiff.stats.absstats import AbsStats
 from quantdiff.stats.model_stats import ModelStats
+from quantdiff.stats.sinks import SinkStats
 
 
 def distributed_rank_world() -> tuple[int, int]:
@@ -21,8 +22,14 @@ def distributed_rank_world() -> tuple[int, int]:
 
 
 def gather_to_rank0(stats: ModelStats, rank: int, world: int) -> ModelStats | None:
-    """Exact merge of every rank's statistics on rank 0 (in rank order); None on other ranks."""
-    return _gather(stats, ModelStats, stats.logits.device, rank, world)
+    """Exact merge of every rank's statistics (and their `sinks`) on rank 0, in rank order; None on other ranks."""
+    merged = _gather(stats, ModelStats, stats.logits.device, rank, world)
+    sinks = getattr(stats, "sinks", None)
+    if sinks is not None and world > 1:
+        merged_sinks = _gather(sinks, SinkStats, None, rank, world)
+        if merged is not None:
+            merged.sinks = merged_sinks
+    return merged
 
 
 def gather_capped_to_rank0(capped: AbsStats | None, rank: int, world: int) -> AbsStats | None:
@@ -39,7 +46,8 @@ def _gather(part, cls, device, rank: int, world: int):
     dist.gather_object(part.to_dict(), gathered, dst=0)
     if rank != 0:
         return None
-    merged = cls.from_dict(gathered[0], device)
+    load = (lambda data: cls.from_dict(data)) if device is None else (lambda data: cls.from_dict(data, device))
+    merged = load(gathered[0])
     for other in gathered[1:]:
-        merged.merge(cls.from_dict(other, device))
+        merged.merge(load(other))
     return merged

@@ -9,7 +9,10 @@
         "attention_logits": BLOCK + {"per_layer": [BLOCK], "per_head": [[BLOCK]], "per_map": {"1": BLOCK, "2": BLOCK}},
         "hidden_states": BLOCK + {"per_layer": [BLOCK], "channel_absmax": [[float]] (layer × channel),
                                   "outlier_features": {"count", "channels", "threshold", "min_layer_fraction",
-                                                       "min_position_fraction"}}}]}
+                                                       "min_position_fraction"}},
+        "sinks": {"epsilon", "per_head": [[mass]] (layer × head: mean attention on position 0 over valid query rows),
+                  "mean", "max", "score" (share of heads above epsilon), "heads_scored",
+                  Diff only: "per_map": {"1", "2"}: [[mass]], "combined": [[(A1 − λ·A2)/(1 − λ)]], "lambdas"}}]}
     BLOCK = {"count", "nonfinite": {"nan", "inf"}, "max", "median", "quantiles": {"0.5": …, "0.99": …},
              "mean", "std", "kurtosis", "topk": [{"value", "layer", "head", "sequence", "query", "key", "map"?}
                                                  | {"value", "layer", "sequence", "position", "channel"}]}
@@ -43,6 +46,7 @@ def model_entry(name: str, path: str, stats: ModelStats) -> dict:
         "tokens": stats.tokens,
         "sequences": stats.sequences,
         **stats.summary(),
+        **({"sinks": stats.sinks.summary()} if getattr(stats, "sinks", None) is not None else {}),
     }
 
 

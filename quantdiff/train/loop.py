@@ -7,16 +7,21 @@ function of the step too, so an interrupted and resumed run ends with the same w
 uninterrupted one (on the same device and thread count).
 
 Each batch row is either a window of the training split or, with probability `retrieval_fraction`, a
-needle document (quantdiff/tasks/retrieval_data.py) whose filler comes from the training split. The
+needle document (quantdiff/data/needles.py) whose filler comes from the training split. The
 curriculum, over the first half of training, raises the needles per document from 1 to
 `retrieval_max_needles`, spreads them from the last 10% of the document (copy distance of a few
 tokens, which a tiny model picks up first) to anywhere in it (copy across the whole context), and
 shortens the values from `retrieval_value_words_start` words to the evaluated length. For the first
 `copy_warmup_steps` steps the needle rows are random-token copy documents instead (`copy_document`).
+With `[train] bos = true` every row starts with the BOS token (and so does every evaluated sequence).
+
+At every eval step both models are scored on held-out text (the lm task) and measured on the same fixed
+held-out sequences (`train.emergence`): the log's `outliers` series shows when outliers and sinks appear.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -41,10 +46,14 @@ from quantdiff.train.recipe import Recipe, TrainConfig
 from quantdiff.core.atomic import json_text
 from quantdiff.core.savedir import atomic_dir
 from quantdiff.data.needles import VALUE_LENGTH, Filler, NeedleExample, make_needle_example, vocabulary_text
+from quantdiff.data.sources import Batch
+from quantdiff.eval.tasks.lm import LMTask, PreparedLM
+from quantdiff.eval.tasks.retrieval import encode_example, exact_matches
 from quantdiff.models.tokenizer import save_tokenizer, train_bpe
+from quantdiff.train import emergence
 
 CHECKPOINT = ".checkpoint"  # inside --out; removed once the pair is saved
-# DESIGN.md: a 0.94M model learns to copy a 16-token random span repeated after 0–32 random tokens within ~500 steps.
+# Measured on this project's CPUs: a 0.94M model learns to copy a 16-token random span repeated after 0–32 random tokens within ~500 steps.
 COPY_SPAN, COPY_GAP = 16, 32
 IGNORE = -100  # label of padding: no loss
 
@@ -55,15 +64,20 @@ class PairData:
     train_ids: torch.Tensor  # (N,) int64, the training split as one stream
     held_out_ids: torch.Tensor  # (M,) int64
     filler: Filler  # training-split sentences for the needle documents
+    bos_id: int | None  # prepended to every row and evaluated sequence when the recipe asks for BOS
+
+
+def split_text(recipe: Recipe, split: str) -> str:
+    return corpus.split_text(split, recipe.data.held_out_fraction, corpora=recipe.data.corpus_names)
 
 
 def prepare_data(recipe: Recipe, tokenizer: PreTrainedTokenizerBase | None = None) -> PairData:
     """Tokenize both splits (training a BPE on the training split + the needle words unless one is given)."""
-    train_text = corpus.split_text("train", recipe.data.held_out_fraction)
-    held_out_text = corpus.split_text(corpus.HELD_OUT_SPLIT, recipe.data.held_out_fraction)
+    train_text, held_out_text = split_text(recipe, "train"), split_text(recipe, corpus.HELD_OUT_SPLIT)
     tokenizer = tokenizer or train_bpe(train_text + vocabulary_text(), recipe.model.vocab_size)
     encode = lambda text: torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)  # noqa: E731
-    return PairData(tokenizer, encode(train_text), encode(held_out_text), Filler.from_tokenizer(train_text, tokenizer))
+    bos_id = tokenizer.bos_token_id if recipe.train.bos else None
+    return PairData(tokenizer, encode(train_text), encode(held_out_text), Filler.from_tokenizer(train_text, tokenizer), bos_id)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -111,22 +125,26 @@ def make_batch(step: int, data: PairData, recipe: Recipe) -> tuple[torch.Tensor,
     """(inputs, targets), each (B, T): the batch of `step`, a pure function of (seed, step)."""
     cfg = recipe.train
     B, T = cfg.batch_size, cfg.seq_len
+    first = int(data.bos_id is not None)  # row position where text starts
+    body = T + 1 - first
     generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
     is_needle = torch.rand(B, generator=generator) < recipe.data.retrieval_fraction
-    starts = torch.randint(0, len(data.train_ids) - T - 1, (B,), generator=generator)  # drawn for every row: fixed RNG use
+    starts = torch.randint(0, len(data.train_ids) - body, (B,), generator=generator)  # drawn for every row: fixed RNG use
     rows = torch.full((B, T + 1), data.tokenizer.pad_token_id, dtype=torch.long)
+    if first:
+        rows[:, 0] = data.bos_id
     targets_valid = torch.ones(B, T + 1, dtype=torch.bool)
     for r in range(B):
         if is_needle[r]:
             rng = random.Random(f"{cfg.seed}/{step}/{r}")
             if step < recipe.data.copy_warmup_steps:
-                ids = copy_document(rng, data.tokenizer, T + 1)
+                ids = copy_document(rng, data.tokenizer, body)
             else:
-                ids = needle_document(rng, data, T + 1, *curriculum(step, recipe))
-            rows[r, : len(ids)] = torch.tensor(ids)
-            targets_valid[r, len(ids) :] = False
+                ids = needle_document(rng, data, body, *curriculum(step, recipe))
+            rows[r, first : first + len(ids)] = torch.tensor(ids)
+            targets_valid[r, first + len(ids) :] = False
         else:
-            rows[r] = data.train_ids[starts[r] : starts[r] + T + 1]
+            rows[r, first:] = data.train_ids[starts[r] : starts[r] + body]
     targets = rows[:, 1:].masked_fill(~targets_valid[:, 1:], IGNORE)
     return rows[:, :-1], targets
 
@@ -145,7 +163,7 @@ def make_optimizer(model: PreTrainedModel, cfg: TrainConfig) -> tuple[torch.opti
         {"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
         {"params": [p for _, p in other], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8), [n for n, _ in decay + other]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-8), [n for n, _ in decay + other]
 
 
 def optimizer_tensors(optimizer: torch.optim.AdamW, names: list[str]) -> dict[str, torch.Tensor]:
@@ -166,17 +184,17 @@ def load_optimizer_tensors(optimizer: torch.optim.AdamW, names: list[str], tenso
     optimizer.load_state_dict(state_dict)
 
 
-@torch.no_grad()
-def held_out_loss(model: PreTrainedModel, ids: torch.Tensor, seq_len: int, max_tokens: int, device: torch.device) -> float:
-    """Mean next-token loss (nats) over non-overlapping held-out windows, at most `max_tokens` targets."""
-    windows = min((len(ids) - 1) // seq_len, max(1, max_tokens // seq_len))
-    total, count = 0.0, 0
-    for start in range(0, windows, 8):
-        batch = torch.stack([ids[w * seq_len : w * seq_len + seq_len + 1] for w in range(start, min(start + 8, windows))])
-        loss = lm_loss(model, batch[:, :-1].to(device), batch[:, 1:].to(device))
-        total += loss.item() * batch[:, 1:].numel()
-        count += batch[:, 1:].numel()
-    return total / count
+def held_out_windows(data: PairData, seq_len: int, max_tokens: int) -> list[list[int]]:
+    """Consecutive held-out windows of `seq_len` tokens (BOS first when training puts one there), ≈ `max_tokens` in all."""
+    prefix = [] if data.bos_id is None else [data.bos_id]
+    body = seq_len - len(prefix)
+    count = min((len(data.held_out_ids) - 1) // body, max(1, max_tokens // seq_len))
+    return [prefix + data.held_out_ids[w * body : (w + 1) * body].tolist() for w in range(count)]
+
+
+def held_out_loss(model: PreTrainedModel, windows: list[list[int]]) -> float:
+    """Mean next-token loss (nats) of the lm task over `windows`, token-weighted."""
+    return LMTask(context=max(map(len, windows))).evaluate(model, PreparedLM(windows))["loss"]
 
 
 def unigram_entropy(ids: torch.Tensor) -> float:
@@ -193,19 +211,16 @@ def retrieval_examples(data_text: str, tokenizer: PreTrainedTokenizerBase, conte
     return [make_needle_example(rng, filler, context, n_needles, [rng.random() for _ in range(n_needles)]) for _ in range(count)]
 
 
-@torch.no_grad()
-def greedy_exact_match(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[NeedleExample], device: torch.device) -> float:
-    """Share of examples whose greedy continuation reproduces the queried value exactly."""
-    hits = 0
-    for example in examples:
-        value = " " + example.needles[example.query_index][1]
-        want = tokenizer(value, add_special_tokens=False)["input_ids"]
-        ids = torch.tensor([tokenizer(example.prompt, add_special_tokens=False)["input_ids"]], device=device)
-        for _ in want:
-            next_id = model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
-            ids = torch.cat([ids, next_id], dim=1)
-        hits += ids[0, -len(want) :].tolist() == want
-    return hits / len(examples)
+def retrieval_exact_match(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[NeedleExample], bos_id: int | None = None) -> float:
+    """Share of examples whose greedy continuation reproduces the queried value exactly (the retrieval task's check)."""
+    items = [encode_example(tokenizer, example) for example in examples]
+    if bos_id is not None:
+        items = [
+            dataclasses.replace(it, prompt_ids=[bos_id] + it.prompt_ids, answer_positions=[p + 1 for p in it.answer_positions])
+            for it in items
+        ]
+    matches = exact_matches(model, items)
+    return sum(matches) / len(matches)
 
 
 class Checkpoint:
@@ -279,6 +294,85 @@ def pair_exists(out: Path) -> bool:
     return all((out / kind / "config.json").is_file() for kind in KINDS)
 
 
+
+@dataclass
+class Run:
+    """One training run: what it trains on, the two models with their optimizers, and the logged state."""
+
+    recipe: Recipe
+    out: Path
+    device: torch.device
+    data: PairData
+    models: dict[str, PreTrainedModel]
+    optimizers: dict[str, tuple[torch.optim.AdamW, list[str]]]
+    state: dict  # step, elapsed_s, loss, held_out and outliers curves: saved in every checkpoint
+    eval_windows: list[list[int]]  # held-out lm windows scored at every eval step
+    outlier_batches: list[Batch]  # held-out sequences measured at every eval step (same for both models)
+
+
+def new_state(recipe: Recipe) -> dict:
+    empty = lambda: {k: [] for k in KINDS}  # noqa: E731
+    return {"recipe": recipe.source, "step": 0, "elapsed_s": 0.0, "loss": empty(), "held_out": empty(), "outliers": empty()}
+
+
+def start_run(recipe: Recipe, out: Path, checkpoint: Checkpoint, force: bool, console) -> Run:
+    """Check the target, read the data, build (or restore) both models and their optimizers."""
+    cfg = recipe.train
+    if pair_exists(out) and not checkpoint.exists() and not force:
+        raise ConfigError(f"a trained pair already exists in {out} (use --force to retrain)")
+    device = resolve_device(cfg.device, "[train] device")
+    corpus.require(recipe.data.corpus_names)  # DataError with install instructions before any work
+    state = checkpoint.load_state() if checkpoint.exists() and not force else None
+    if state is not None and state["recipe"] != recipe.source:
+        raise ConfigError(f"the checkpoint in {checkpoint.dir} was made by a different recipe: remove it or pass --force")
+    data = prepare_data(recipe, checkpoint.load_tokenizer() if state else None)
+    models = {kind: model.to(device).train() for kind, model in build_pair(recipe.model, cfg.seed, "sdpa").items()}
+    optimizers = {kind: make_optimizer(model, cfg) for kind, model in models.items()}
+    if state:
+        checkpoint.restore(models, optimizers)
+        state.setdefault("outliers", {k: [] for k in KINDS})  # checkpoints written before emergence tracking
+    counts = {kind: parameter_count(model) for kind, model in models.items()}
+    console.print(
+        f"parameters: standard {counts['standard']:,}  diff {counts['diff']:,}  "
+        f"(difference {counts['diff'] - counts['standard']:,} = λ parameters {lambda_parameter_count(models['diff']):,})"
+    )
+    if state:
+        console.print(f"resuming from step {state['step']} ({checkpoint.dir})")
+    console.print(f"training {cfg.steps} steps × {cfg.batch_size} × {cfg.seq_len} = {cfg.tokens:,} tokens per model on {device}")
+    eval_windows = held_out_windows(data, cfg.seq_len, cfg.eval_batches * cfg.batch_size * cfg.seq_len)
+    outliers = emergence.outlier_batches(data.held_out_ids, cfg.outlier_sequences, cfg.seq_len, data.bos_id, data.tokenizer.pad_token_id)
+    return Run(recipe, out, device, data, models, optimizers, state or new_state(recipe), eval_windows, outliers if cfg.outlier_sequences else [])
+
+
+def train_step(run: Run, step_models: dict, autocast, step: int) -> None:
+    """Both models take one AdamW step on the batch of `step`."""
+    cfg = run.recipe.train
+    inputs, targets = (t.to(run.device) for t in make_batch(step, run.data, run.recipe))
+    for kind, model in step_models.items():
+        optimizer, _ = run.optimizers[kind]
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        with autocast:
+            loss = lm_loss(model, inputs, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(run.models[kind].parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        run.state["loss"][kind].append(round(loss.item(), 5))
+    run.state["step"] = step + 1
+
+
+def evaluate_step(run: Run) -> None:
+    """Held-out loss of both models, and their outliers on the same held-out sequences."""
+    cfg, step = run.recipe.train, run.state["step"]
+    for kind, model in run.models.items():
+        model.eval()
+        run.state["held_out"][kind].append([step, held_out_loss(model, run.eval_windows)])
+        if run.outlier_batches:
+            run.state["outliers"][kind].append(emergence.measure(model, run.outlier_batches, step, step * cfg.batch_size * cfg.seq_len))
+        model.train()
+
+
 def train_pair(recipe: Recipe, out: str | Path, *, force: bool = False, stop_after: int | None = None, console=None) -> dict[str, Path] | None:
     """Train (or resume) the pair into OUT/standard and OUT/diff; returns their paths.
 
@@ -289,84 +383,49 @@ def train_pair(recipe: Recipe, out: str | Path, *, force: bool = False, stop_aft
     console = console or Console(stderr=True)
     out, cfg = Path(out), recipe.train
     checkpoint = Checkpoint(out)
-    if pair_exists(out) and not checkpoint.exists() and not force:
-        raise ConfigError(f"a trained pair already exists in {out} (use --force to retrain)")
-    device = resolve_device(cfg.device, "[train] device")
-    corpus.read_novels()  # DataError with install instructions before any work
-
-    state = checkpoint.load_state() if checkpoint.exists() and not force else None
-    if state is not None and state["recipe"] != recipe.source:
-        raise ConfigError(f"the checkpoint in {checkpoint.dir} was made by a different recipe: remove it or pass --force")
-    data = prepare_data(recipe, checkpoint.load_tokenizer() if state else None)
-    models = {kind: model.to(device).train() for kind, model in build_pair(recipe.model, cfg.seed, "sdpa").items()}
-    optimizers = {kind: make_optimizer(model, cfg) for kind, model in models.items()}
-    if state:
-        checkpoint.restore(models, optimizers)
-    else:
-        state = {"recipe": recipe.source, "step": 0, "elapsed_s": 0.0, "loss": {k: [] for k in KINDS}, "held_out": {k: [] for k in KINDS}}
-    counts = {kind: parameter_count(model) for kind, model in models.items()}
-    console.print(
-        f"parameters: standard {counts['standard']:,}  diff {counts['diff']:,}  "
-        f"(difference {counts['diff'] - counts['standard']:,} = λ parameters {lambda_parameter_count(models['diff']):,})"
-    )
-    if state["step"]:
-        console.print(f"resuming from step {state['step']} ({checkpoint.dir})")
-    console.print(f"training {cfg.steps} steps × {cfg.batch_size} × {cfg.seq_len} = {cfg.tokens:,} tokens per model on {device}")
-
-    step_models = {kind: torch.compile(model) if cfg.compile else model for kind, model in models.items()}
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16")
+    run = start_run(recipe, out, checkpoint, force, console)
+    state = run.state
+    step_models = {kind: torch.compile(model) if cfg.compile else model for kind, model in run.models.items()}
+    autocast = torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16")
     started = time.perf_counter() - state["elapsed_s"]
     with TrainingProgress(console, cfg.steps, state["step"]) as progress:
         for step in range(state["step"], cfg.steps):
-            inputs, targets = (t.to(device) for t in make_batch(step, data, recipe))
-            for kind, model in step_models.items():
-                optimizer, _ = optimizers[kind]
-                for group in optimizer.param_groups:
-                    group["lr"] = lr_at(step, cfg)
-                with autocast:
-                    loss = lm_loss(model, inputs, targets)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(models[kind].parameters(), cfg.grad_clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                state["loss"][kind].append(round(loss.item(), 5))
-            state["step"] = step + 1
+            train_step(run, step_models, autocast, step)
             if state["step"] % cfg.eval_every == 0:
-                for kind, model in models.items():
-                    model.eval()
-                    state["held_out"][kind].append([state["step"], held_out_loss(model, data.held_out_ids, cfg.seq_len, cfg.eval_batches * cfg.batch_size * cfg.seq_len, device)])
-                    model.train()
+                evaluate_step(run)
             state["elapsed_s"] = time.perf_counter() - started
-            progress.advance(cfg.batch_size * cfg.seq_len * len(models), {k: v[-1] for k, v in state["loss"].items()})
+            progress.advance(cfg.batch_size * cfg.seq_len * len(run.models), {k: v[-1] for k, v in state["loss"].items()})
             stopping = stop_after is not None and state["step"] >= stop_after and state["step"] < cfg.steps
             if state["step"] % cfg.checkpoint_every == 0 or state["step"] == cfg.steps or stopping:
-                checkpoint.save(data.tokenizer, models, optimizers, state)
+                checkpoint.save(run.data.tokenizer, run.models, run.optimizers, state)
             if stopping:
                 return None
 
-    paths = finish(recipe, out, data, models, state, device, console)
+    paths = finish(run, console)
     checkpoint.remove()
     return paths
 
 
-def finish(recipe: Recipe, out: Path, data: PairData, models: dict, state: dict, device: torch.device, console) -> dict[str, Path]:
+def finish(run: Run, console) -> dict[str, Path]:
     """Final held-out evaluation, then each model saved as a complete HF directory with its log."""
+    recipe, data, state = run.recipe, run.data, run.state
     cfg, tasks = recipe.train, recipe.tasks
-    held_out_text = corpus.split_text(corpus.HELD_OUT_SPLIT, recipe.data.held_out_fraction)
-    eval_ids = data.held_out_ids[: tasks.lm_tokens + 1]
-    baseline = unigram_entropy(eval_ids[1:])
+    held_out_text = split_text(recipe, corpus.HELD_OUT_SPLIT)
+    windows = held_out_windows(data, cfg.seq_len, tasks.lm_tokens)
+    baseline = unigram_entropy(torch.tensor([t for w in windows for t in w[1:]]))
     examples = {
-        n: retrieval_examples(held_out_text, data.tokenizer, cfg.seq_len, n, tasks.retrieval_examples, cfg.seed)
+        n: retrieval_examples(held_out_text, data.tokenizer, cfg.seq_len - (data.bos_id is not None), n, tasks.retrieval_examples, cfg.seed)
         for n in tasks.retrieval_needles
     }
     paths = {}
-    for kind, model in models.items():
+    for kind, model in run.models.items():
         model.eval()
-        loss = held_out_loss(model, eval_ids, cfg.seq_len, tasks.lm_tokens, device)
-        retrieval = {str(n): greedy_exact_match(model, data.tokenizer, ex, device) for n, ex in examples.items()}
+        loss = held_out_loss(model, windows)
+        retrieval = {str(n): retrieval_exact_match(model, data.tokenizer, ex, data.bos_id) for n, ex in examples.items()}
         log = {
             "kind": kind,
             "recipe": recipe.name,
+            "corpora": list(recipe.data.corpus_names),
             "steps": cfg.steps,
             "tokens": cfg.tokens,
             "parameters": parameter_count(model),
@@ -376,17 +435,18 @@ def finish(recipe: Recipe, out: Path, data: PairData, models: dict, state: dict,
             "final_train_loss": sum(state["loss"][kind][-50:]) / len(state["loss"][kind][-50:]),
             "held_out_curve": state["held_out"][kind],  # [step, loss]
             "held_out_loss": loss,
-            "held_out_tokens": len(eval_ids) - 1,
+            "held_out_tokens": sum(len(w) - 1 for w in windows),
             "unigram_entropy": baseline,
             "retrieval_exact_match": retrieval,  # by needles per document, context = seq_len
             "retrieval_examples": tasks.retrieval_examples,
+            "outliers": state["outliers"][kind],  # emergence series: one entry per eval step
         }
         console.print(
             f"{kind:8s} held-out loss {loss:.3f} nats (unigram baseline {baseline:.3f}); "
             f"train loss {log['final_train_loss']:.3f}; retrieval exact match "
             + ", ".join(f"{n} needles {acc:.0%}" for n, acc in retrieval.items())
         )
-        paths[kind] = out / kind
+        paths[kind] = run.out / kind
         with atomic_dir(paths[kind], force=True) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             save_tokenizer(data.tokenizer, tmp)

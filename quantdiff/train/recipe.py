@@ -23,19 +23,21 @@ import torch
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.data.needles import VALUE_LENGTH, min_document_tokens
+from quantdiff.data.corpus import CORPORA
 from quantdiff.models.names import ASSETS
 from quantdiff.models.pairs import SizePreset, preset_from_dict
 from quantdiff.quant.numerics import check_bits
 from quantdiff.quant.registry import method_name, site_name
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
-CORPORA = ("janeaustenr",)
 DTYPES = ("float32", "bf16")
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    corpus: str = "janeaustenr"  # see quantdiff/corpus.py
+    corpus: str = "janeaustenr"  # see quantdiff/data/corpus.py
+    # Several corpora mixed (each split by document, concatenated in this order); empty = [corpus].
+    corpora: list[str] = field(default_factory=list)
     held_out_fraction: float = 0.1  # share of chapters (chosen by hash) never trained on
     retrieval_fraction: float = 0.25  # share of each batch's rows that are needle documents
     retrieval_max_needles: int = 4  # needles per document grow from 1 to this over the first half of training
@@ -46,6 +48,10 @@ class DataConfig:
     # induction signal with no corpus to fall back on, so a tiny model forms copy heads before the needles.
     copy_warmup_steps: int = 0
 
+    @property
+    def corpus_names(self) -> tuple[str, ...]:
+        return tuple(self.corpora) or (self.corpus,)
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -55,7 +61,12 @@ class TrainConfig:
     lr: float = 3e-3  # peak; tiny models tolerate a high rate
     min_lr: float = 3e-4  # cosine decay floor
     warmup_steps: int = 100
-    weight_decay: float = 0.1
+    weight_decay: float = 0.1  # AdamW, matrices only; weight decay encourages attention sinks
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95  # the large-LM choice (1B runs of the sink studies); PyTorch's default is 0.999
+    # A BOS token opens every corpus window and needle document: a fixed first token that attention can
+    # learn to park on (an attention sink). False = windows start mid-text, as the shipped pair was trained.
+    bos: bool = False
     grad_clip: float = 1.0
     seed: int = 0  # initialisation, batch order and needle documents: same for both kinds
     dtype: str = "float32"  # "bf16" = bfloat16 autocast, CUDA only (weights and optimizer stay float32)
@@ -65,6 +76,8 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 250  # held-out loss on eval_batches batches, for the log's curve
     eval_batches: int = 4
+    # Held-out sequences on which both models' outliers and sinks are measured at every eval step (0 = off).
+    outlier_sequences: int = 4
 
     @property
     def tokens(self) -> int:
@@ -143,6 +156,7 @@ def parse_recipe(source: str, name: str) -> Recipe:
     sections = {key: _section(cls, key, doc.get(key, {})) for key, cls in SECTIONS.items()}
     recipe = Recipe(name=name, source=source, model=model, **sections)
     _check(recipe)
+    _check_emergence_options(recipe)
     return recipe
 
 
@@ -227,6 +241,19 @@ def _check_needles_fit(recipe: Recipe) -> None:
         need = min_document_tokens(needles, queries, words)
         if length < need:
             raise ConfigError(f"{what} = {length} tokens cannot hold {needles} needle(s) of {words}-word values (at least {need} tokens)")
+
+
+def _check_emergence_options(recipe: Recipe) -> None:
+    data, train = recipe.data, recipe.train
+    unknown = [name for name in data.corpora if name not in CORPORA]
+    if unknown:
+        raise ConfigError(f"[data] corpora: unknown corpus {unknown[0]!r} (known: {', '.join(CORPORA)})")
+    if len(set(data.corpora)) != len(data.corpora):
+        raise ConfigError("[data] corpora lists a corpus twice")
+    if not (0 <= train.adam_beta1 < 1 and 0 <= train.adam_beta2 < 1):
+        raise ConfigError("[train] adam_beta1 and adam_beta2 must be in [0, 1)")
+    if train.outlier_sequences < 0:
+        raise ConfigError("[train] outlier_sequences must be at least 0")
 
 
 def recipe_path(name_or_path: str | Path) -> Path:

@@ -1,0 +1,99 @@
+"""Attention sinks: how much attention each head puts on the first position, measured tile by tile.
+
+For every query row the observer keeps the running max and sum of exp(logit − max) over the valid keys
+(the online-softmax state, so the T×T map is never built) and the logit at key position 0; once all
+tiles of a layer are seen, the attention mass on position 0 is exp(l0 − m) / s. Per (layer, head) it
+accumulates the sum of that mass over valid query rows (padding excluded), in fixed point (units of 2⁻³²,
+int64), and their count: integer sums merge exactly in any order, across batches and processes.
+
+Score (Gu et al., "When Attention Sink Emerges in Language Models"): the share of heads whose mean mass
+on the first position exceeds ε = 0.3. For differential attention the two maps of a head (head i with
+head i + H/2) are reported apart and combined as the paper's Table 3 combines attention scores,
+(A1 − λ·A2) / (1 − λ), with the layer's λ; the score then counts differential heads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from quantdiff.attention.backend import TileContext
+
+SINK_EPSILON = 0.3
+FIXED_POINT = 2.0**32  # mass units per 1.0: int64 holds sums over up to 2³¹ query rows per head
+
+
+@dataclass
+class SinkStats:
+    """Sum and count of the first-position attention mass per (layer, head), plus the per-batch row state."""
+
+    mass: torch.Tensor  # (layers, heads) int64: sums over valid query rows, in units of 1 / FIXED_POINT
+    rows: torch.Tensor  # (layers, heads) int64 counts
+    lambdas: list[float] | None = None  # per layer, differential attention only
+    _rows: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)  # layer -> (m, s, l0)
+
+    @classmethod
+    def empty(cls, layers: int, heads: int, lambdas: list[float] | None = None) -> SinkStats:
+        return cls(torch.zeros(layers, heads, dtype=torch.int64), torch.zeros(layers, heads, dtype=torch.int64), lambdas)
+
+    def on_tile(self, logits: torch.Tensor, ctx: TileContext) -> None:
+        """Fold one logits tile (B, H, rows, cols) into the running row state of its layer."""
+        b, h, rows, _ = logits.shape
+        if ctx.k_start == 0:  # the first tile of a layer's call: every query row starts here (q_start = 0)
+            full = (b, h, rows)
+            self._rows[ctx.layer_idx] = (
+                torch.full(full, -math.inf, device=logits.device),
+                torch.zeros(full, device=logits.device),
+                logits[..., 0].float().clone(),
+            )
+        m, s, _ = self._rows[ctx.layer_idx]
+        masked = logits.float().masked_fill(~ctx.valid, -math.inf)
+        q = slice(ctx.q_start, ctx.q_start + rows)
+        m_new = torch.maximum(m[:, :, q], masked.amax(dim=-1))
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        s[:, :, q] = s[:, :, q] * torch.exp(m[:, :, q] - safe) + torch.exp(masked - safe[..., None]).sum(dim=-1)
+        m[:, :, q] = m_new
+
+    def end_batch(self, row_mask: torch.Tensor | None) -> None:
+        """Turn each layer's row state into first-position mass; `row_mask` (B, T) bool marks real tokens."""
+        for layer, (m, s, l0) in self._rows.items():
+            mass = torch.exp(l0 - m) / s.clamp_min(torch.finfo(torch.float32).tiny)  # (B, H, T)
+            keep = torch.isfinite(m) if row_mask is None else torch.isfinite(m) & row_mask.bool()[:, None, :]
+            batch_mass = torch.where(keep, mass, torch.zeros_like(mass)).double().sum(dim=(0, 2))
+            self.mass[layer] += (batch_mass * FIXED_POINT).round().to(torch.int64).cpu()
+            self.rows[layer] += keep.sum(dim=(0, 2)).cpu()
+        self._rows.clear()
+
+    def merge(self, other: SinkStats) -> SinkStats:
+        self.mass += other.mass
+        self.rows += other.rows
+        return self
+
+    def to_dict(self) -> dict:
+        return {"mass": self.mass.tolist(), "rows": self.rows.tolist(), "lambdas": self.lambdas}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SinkStats:
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+        return cls(as_tensor(data["mass"]), as_tensor(data["rows"]), data["lambdas"])
+
+    def per_head(self) -> torch.Tensor:
+        """(layers, heads) mean attention mass on the first position."""
+        return self.mass.double() / FIXED_POINT / self.rows.clamp_min(1).double()
+
+    def summary(self, epsilon: float = SINK_EPSILON) -> dict:
+        """JSON-ready: per-(layer, head) mass, its mean, and the share of heads above ε (Diff: combined maps)."""
+        per_head = self.per_head()
+        out = {"epsilon": epsilon, "per_head": per_head.tolist()}
+        if self.lambdas is not None:
+            half = per_head.shape[1] // 2
+            lam = torch.tensor(self.lambdas, dtype=torch.float64)[:, None]
+            combined = (per_head[:, :half] - lam * per_head[:, half:]) / (1 - lam)
+            out |= {"per_map": {"1": per_head[:, :half].tolist(), "2": per_head[:, half:].tolist()}, "combined": combined.tolist(), "lambdas": self.lambdas}
+            scored = combined
+        else:
+            scored = per_head
+        out |= {"mean": float(scored.mean()), "max": float(scored.max()), "score": float((scored > epsilon).double().mean()), "heads_scored": scored.numel()}
+        return out

@@ -1,0 +1,62 @@
+"""Outlier emergence during training: both models measured on the same fixed held-out sequences.
+
+At every eval step each model is switched to the quantdiff backend (which computes logits tile by tile
+and lets the statistics observe them), measured, and switched back to SDPA for training. The entry
+keeps the paper's Table-5 numbers (Top-1, median, kurtosis of |attention logits| and |hidden states|),
+where the largest hidden value sits (massive activations sit at the first token), the attention-sink
+score (share of heads whose mean attention to position 0 exceeds ε) and LLM.int8's outlier features.
+Measuring changes no weight and draws no random number, so a resumed run logs the same series.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantdiff.data.sources import Batch, make_batches
+from quantdiff.models.loading import prepare
+from quantdiff.stats.collect import collect_stats
+
+TOP_K = 10  # only the largest values are reported; a small k keeps the measurement cheap
+
+
+def outlier_batches(held_out_ids: torch.Tensor, sequences: int, seq_len: int, bos_id: int | None, pad_id: int) -> list[Batch]:
+    """The first `sequences` held-out windows of `seq_len` tokens (BOS first when training puts one there)."""
+    body = seq_len - (bos_id is not None)
+    prefix = [] if bos_id is None else [bos_id]
+    windows = [prefix + held_out_ids[i * body : (i + 1) * body].tolist() for i in range(sequences)]
+    return make_batches([w for w in windows if len(w) > len(prefix)], max(1, sequences), pad_id)
+
+
+def _activation(summary: dict, location: tuple[str, ...]) -> dict:
+    top = summary["topk"][0] if summary["topk"] else {}
+    return {
+        "top1": summary["max"],
+        "median": summary["median"],
+        "kurtosis": summary["kurtosis"],
+        "top1_at": {name: top.get(name) for name in location},
+    }
+
+
+@torch.no_grad()
+def measure(model: torch.nn.Module, batches: list[Batch], step: int, tokens: int, train_attention: str = "sdpa") -> dict:
+    """One emergence entry of `model` (left in training mode on `train_attention` afterwards)."""
+    prepare(model)
+    try:
+        stats = collect_stats(model, batches, k=TOP_K)
+    finally:
+        model.set_attn_implementation(train_attention)
+        model.train()
+    summary = stats.summary()
+    logits, hidden = summary["attention_logits"], summary["hidden_states"]
+    entry = {
+        "step": step,
+        "tokens": tokens,
+        "attention_logits": _activation(logits, ("layer", "head", "query", "key")),
+        "hidden_states": _activation(hidden, ("layer", "position", "channel")),
+        "sink": stats.sinks.summary(),
+        "outlier_features": hidden["outlier_features"]["count"],
+    }
+    if "per_map" in logits:
+        entry["attention_logits"]["per_map_top1"] = {m: s["max"] for m, s in logits["per_map"].items()}
+    entry["hidden_states"]["per_layer_top1"] = [layer["max"] for layer in hidden["per_layer"]]
+    return entry

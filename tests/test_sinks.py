@@ -1,0 +1,95 @@
+"""Attention-sink score against eager attention: softmax of the full QKᵀ·scaling, mass on column 0."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantdiff.data.sources import make_batches
+from quantdiff.models.loading import prepare
+from quantdiff.report.stats_report import sink_line
+from quantdiff.stats.schema import model_entry
+from quantdiff.stats.collect import collect_stats
+from quantdiff.stats.sinks import SinkStats
+
+
+def _sharpen(model: torch.nn.Module, factor: float = 6.0) -> None:
+    """Scale the query projections so attention maps are far from uniform (sinks differ from head to head)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("q_proj.weight"):
+                param.mul_(factor)
+
+
+def _batches(vocab: int):
+    g = torch.Generator().manual_seed(3)
+    sequences = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (40, 23, 9, 31)]
+    return make_batches(sequences, 3)  # right-padded batches of 3 and 1 sequences
+
+
+def _eager_first_position_mass(model, batches) -> torch.Tensor:
+    """(layers, heads) mean over valid query rows of the eager attention probability on key 0."""
+    total, rows = None, 0
+    with torch.no_grad():
+        for batch in batches:
+            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True)
+            mask = torch.ones_like(batch.input_ids) if batch.attention_mask is None else batch.attention_mask
+            mass = torch.stack([(a[..., 0] * mask[:, None]).sum(dim=(0, 2)) for a in out.attentions]).double()
+            total = mass if total is None else total + mass
+            rows += int(mask.sum())
+    return total / rows
+
+
+def _paper_lambda(attn) -> float:
+    """λ = exp(λq1·λk1) − exp(λq2·λk2) + λinit, written out from the paper's equation."""
+    q1, k1, q2, k2 = (p.detach().double() for p in (attn.lambda_q1, attn.lambda_k1, attn.lambda_q2, attn.lambda_k2))
+    return float(torch.exp((q1 * k1).sum()) - torch.exp((q2 * k2).sum()) + attn.lambda_init)
+
+
+@pytest.mark.parametrize("kind", ["standard", "diff"])
+@pytest.mark.parametrize("tile", [7, None], ids=["tiled", "one-tile"])
+def test_sink_mass_equals_eager_attention(tiny_pair, kind, tile):
+    model = tiny_pair[kind]
+    _sharpen(model)
+    batches = _batches(model.config.vocab_size)
+    reference = _eager_first_position_mass(model, batches)
+    stats = collect_stats(prepare(model, tile), batches, k=5)
+    got = stats.sinks.per_head()
+    assert got.shape == reference.shape
+    assert torch.allclose(got, reference, atol=2e-6), f"max diff {(got - reference).abs().max():.3g}"
+    assert reference.max() - reference.min() > 1000 * 2e-6  # heads differ far beyond the tolerance: a wrong head order fails
+
+    summary = stats.sinks.summary()
+    if kind == "standard":
+        scored = reference
+        assert "combined" not in summary
+    else:
+        half = reference.shape[1] // 2
+        lambdas = torch.tensor([_paper_lambda(layer.self_attn) for layer in model.model.layers], dtype=torch.float64)[:, None]
+        scored = (reference[:, :half] - lambdas * reference[:, half:]) / (1 - lambdas)
+        assert torch.allclose(torch.tensor(summary["combined"], dtype=torch.float64), scored, atol=1e-5)
+        assert torch.allclose(torch.tensor(summary["per_map"]["2"], dtype=torch.float64), reference[:, half:], atol=2e-6)
+    assert summary["score"] == pytest.approx(float((scored > 0.3).double().mean()))
+    assert summary["mean"] == pytest.approx(float(scored.mean()), abs=1e-5)
+    assert summary["heads_scored"] == scored.numel()
+
+
+def test_sink_stats_merge_exactly_and_round_trip(tiny_pair):
+    model = prepare(tiny_pair["diff"], 5)
+    batches = _batches(model.config.vocab_size)
+    whole = collect_stats(model, batches, k=5).sinks
+    parts = [collect_stats(model, [b], k=5).sinks for b in batches]
+    merged = SinkStats.from_dict(parts[0].to_dict()).merge(parts[1])
+    assert torch.equal(merged.rows, whole.rows) and torch.equal(merged.mass, whole.mass)  # integer sums: exact
+    other_order = SinkStats.from_dict(parts[1].to_dict()).merge(parts[0])
+    assert torch.equal(other_order.mass, whole.mass)
+    assert merged.lambdas == whole.lambdas
+
+
+def test_stats_entry_carries_the_sink_block_and_its_line(tiny_pair):
+    model = prepare(tiny_pair["standard"], 5)
+    entry = model_entry("std", "path", collect_stats(model, _batches(model.config.vocab_size), k=5))
+    sinks = entry["sinks"]
+    assert len(sinks["per_head"]) == model.config.num_hidden_layers and sinks["epsilon"] == 0.3
+    line = sink_line("std", sinks)
+    assert line.startswith("std: attention sinks:") and f"of {sinks['heads_scored']} heads" in line

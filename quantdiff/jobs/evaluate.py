@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -55,12 +54,12 @@ def run_models(
 
 def report(cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool) -> None:
     """Print the cells as a table; write them as JSON if asked."""
-    from rich.console import Console
-
+    from quantdiff.report.console import table_console
     from quantdiff.report.sweep_report import sweep_table
 
-    out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # pipes get whole rows, not 80 columns
-    out.print(sweep_table(cells, task.metrics, task.headline, title=f"task: {task.name}"))
+    table = sweep_table(cells, task.metrics, task.headline, title=f"task: {task.name}")
+    out = table_console(table, highlight=False)  # piped: whole rows, not rich's 80 columns
+    out.print(table)
     if json_path is not None:
         write_json(json_path, cells_to_json(cells), indent=2)
         if not quiet:

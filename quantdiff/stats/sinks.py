@@ -49,11 +49,12 @@ class SinkStats:
                 logits[..., 0].float().clone(),
             )
         m, s, _ = self._rows[ctx.layer_idx]
-        masked = logits.float().masked_fill(~ctx.valid, -math.inf)
+        masked = logits.float().masked_fill(~ctx.valid, -math.inf)  # the one tile-sized copy: reused in place below
         q = slice(ctx.q_start, ctx.q_start + rows)
         m_new = torch.maximum(m[:, :, q], masked.amax(dim=-1))
         safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        s[:, :, q] = s[:, :, q] * torch.exp(m[:, :, q] - safe) + torch.exp(masked - safe[..., None]).sum(dim=-1)
+        tile_sum = masked.sub_(safe[..., None]).exp_().sum(dim=-1)  # fresh tile-sized tensors cost more than the exp
+        s[:, :, q] = s[:, :, q] * torch.exp(m[:, :, q] - safe) + tile_sum
         m[:, :, q] = m_new
 
     def end_batch(self, row_mask: torch.Tensor | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from quantdiff.core.atomic import writable_target
 from quantdiff.core.errors import ConfigError
 from quantdiff.eval.tasks.registry import Task, make_task
 
@@ -42,13 +43,9 @@ def check_output(path: Path | None, suffixes: Sequence[str] | None) -> None:
     """Fail before any work if an output path cannot be written as asked."""
     if path is None:
         return
-    if path.is_dir():
-        raise ConfigError(f"output path is a directory: {path}")
+    writable_target(path)
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise ConfigError(f"{path}: use one of {', '.join(suffixes)}")
-    parent = next((p for p in path.absolute().parents if p.exists()), None)
-    if parent is None or not parent.is_dir():
-        raise ConfigError(f"cannot create {path}: {parent} is not a directory")
 
 
 def check_limit(limit: int | None) -> None:

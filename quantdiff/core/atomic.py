@@ -1,8 +1,10 @@
 """Atomic file writes: readers see the old file or the complete new one, never a half-written one.
 
-Temporaries are hidden siblings named `.<target>.tmp-<pid>-<process start>-<random>`: a process killed before
-its rename leaves one behind, and the next write into that directory removes every such temporary whose
-process is gone (or whose pid now belongs to a process started at another time).
+Temporaries are hidden siblings named `.<target>.tmp-<random>` (or `.old-<random>` for a directory being
+replaced). Before creating one, the process records its path in a registry file of its own (under
+$XDG_STATE_HOME/quantdiff/temporaries, named by pid and start time). A process killed before its rename leaves
+the temporary behind; the next write removes the recorded paths of processes that no longer run, and nothing
+else: a file that merely looks like a temporary is never touched.
 """
 
 from __future__ import annotations
@@ -11,19 +13,18 @@ import errno
 import json
 import math
 import os
-import re
+import secrets
 import shutil
+import signal
+import socket
 import stat
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 from quantdiff.core.errors import ConfigError, DiskFullError, QuantdiffError
 
-# `.<name>.tmp-<pid>-<start>-<random>` (a file or directory being written) or `.<name>.old-<pid>-<start>-…`
-# (a replaced directory about to be deleted).
-_TEMPORARY = re.compile(r"^\..+\.(?:tmp|old)-(?P<pid>\d+)-(?P<start>\d+)-")
+_ROLES = ("tmp", "old")  # being written; a replaced directory about to be deleted
 
 
 def _start_time(pid: int) -> int | None:
@@ -45,29 +46,92 @@ def _start_time(pid: int) -> int | None:
     return int(text.rsplit(")", 1)[1].split()[19])  # field 22; the command name before ")" may hold spaces
 
 
-def temporary_prefix(name: str, role: str = "tmp") -> str:
-    """Hidden prefix of a temporary for target `name` ("tmp": being written, "old": being replaced), identifying
-    this process across pid reuse."""
-    return f".{name}.{role}-{os.getpid()}-{_start_time(os.getpid()) or 0}-"
-
-
-def remove_stale_temporaries(directory: str | Path) -> list[Path]:
-    """Delete temporaries in `directory` left by quantdiff processes that no longer run; returns what went."""
-    removed = []
+def _boot_id() -> str:
     try:
-        entries = list(Path(directory).iterdir())
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _registry_dir() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(state) / "quantdiff" / "temporaries"
+
+
+def _identity() -> dict:
+    """Who is writing: enough to tell later, on this host, whether that process still runs."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "boot": _boot_id(), "pid": pid, "start": _start_time(pid) or 0}
+
+
+def _register(path: Path) -> None:
+    """Append `path` to this process' registry (created on first use); a registry that cannot be written only
+    means the temporary is not cleaned up after a crash."""
+    me = _identity()
+    registry = _registry_dir() / f"{me['pid']}-{me['start']}.paths"
+    try:
+        registry.parent.mkdir(parents=True, exist_ok=True)
+        with open(registry, "a", encoding="utf-8") as f:
+            if f.tell() == 0:
+                f.write(json.dumps(me) + "\n")
+            f.write(json.dumps(str(path.absolute())) + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # recorded before the temporary exists, even if killed right after
+    except OSError:
+        pass
+
+
+def temporary_path(target: str | Path, role: str = "tmp", suffix: str = "") -> Path:
+    """A fresh hidden name beside `target` (`.<name>.<role>-<random><suffix>`), recorded before it is created."""
+    assert role in _ROLES
+    target = Path(target)
+    path = target.with_name(f".{target.name}.{role}-{secrets.token_hex(8)}{suffix}")
+    _register(path)
+    return path
+
+
+def _gone(writer: dict) -> bool:
+    """Whether the process that wrote a registry has ended (a writer on another host is never presumed gone)."""
+    me = _identity()
+    if writer.get("host") != me["host"]:
+        return False
+    if writer.get("boot") != me["boot"]:
+        return True
+    return _start_time(int(writer["pid"])) not in (int(writer["start"]), 0)
+
+
+def remove_stale_temporaries() -> list[Path]:
+    """Delete the recorded temporaries of quantdiff processes that no longer run; returns what went."""
+    removed: list[Path] = []
+    try:
+        registries = sorted(_registry_dir().glob("*.paths"))
     except OSError:
         return removed
-    for entry in entries:
-        match = _TEMPORARY.match(entry.name)
-        if match is None or _start_time(int(match["pid"])) in (int(match["start"]), 0):
-            continue  # not ours, or its writer is still running
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-        removed.append(entry)
+    for registry in registries:
+        try:
+            lines = registry.read_text(encoding="utf-8").splitlines()
+            if not _gone(json.loads(lines[0])):
+                continue
+            paths = [Path(json.loads(line)) for line in lines[1:] if line.strip()]
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            continue  # being written right now, or not ours to judge
+        for path in paths:
+            if _remove(path):
+                removed.append(path)
+        registry.unlink(missing_ok=True)
     return removed
+
+
+def _remove(path: Path) -> bool:
+    """Delete one recorded temporary (a symlink is removed, never followed); False if it is already gone."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except OSError:
+        return False
+    return True
 
 
 def _umask() -> int:
@@ -90,7 +154,16 @@ def writable_target(path: str | Path) -> Path:
         raise ConfigError(f"output path is a directory: {path}")
     if real.exists() and not stat.S_ISREG(real.stat().st_mode):
         raise ConfigError(f"output path is not a regular file (a device, FIFO or socket): {path}")
+    creatable_parent(real, path)
     return real
+
+
+def creatable_parent(path: Path, named: str | Path | None = None) -> None:
+    """Refuse `path` whose nearest existing ancestor is not a directory (`words.txt/x.json`): mkdir would say
+    only 'File exists'."""
+    parent = next((p for p in Path(path).absolute().parents if p.exists() or p.is_symlink()), None)
+    if parent is not None and not parent.is_dir():
+        raise ConfigError(f"cannot create {named or path}: {parent} is not a directory")
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -123,11 +196,10 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     """
     path = writable_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path.parent)
+    remove_stale_temporaries()
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else default_mode()
-    fd, name = tempfile.mkstemp(prefix=temporary_prefix(path.stem), suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
+    tmp = temporary_path(path.with_name(path.stem), suffix=path.suffix)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     try:
         with disk_full_as_error(path):
             yield tmp
@@ -135,6 +207,27 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
             os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block ends, then deliver them to the handlers in place before.
+
+    For writes inside library code (safetensors, torch): an interrupt raised in the middle of their C++ calls
+    surfaced as an unrelated TypeError. The block is interrupted only where Python would have been anyway."""
+    caught: list[int] = []
+    try:
+        previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: signals go to the main thread anyway
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)
 
 
 def json_safe(value: Any) -> Any:

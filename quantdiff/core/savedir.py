@@ -1,7 +1,9 @@
 """Atomic writes of output directories: everything goes to a temporary sibling, renamed at the end.
 
-Every directory written here carries a marker file (MARKER: its kind and quantdiff's version). `--force`
-replaces only a marked directory or an empty one, and never a model being read (or a directory holding it).
+Every directory written here carries a marker file (MARKER: its kind and quantdiff's version). A non-empty
+directory is replaced only with `--force`, only if it carries the marker of the same kind (an export replaces
+an export, never a model, pair or report), and never if it is or holds a model being read. `--out` given as a
+symlink replaces the directory it points to; the link stays.
 """
 
 from __future__ import annotations
@@ -9,15 +11,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from transformers import PreTrainedModel
 
-from quantdiff.core.atomic import default_mode, disk_full_as_error, remove_stale_temporaries, temporary_prefix
+from quantdiff.core.atomic import default_mode, disk_full_as_error, remove_stale_temporaries, temporary_path
 from quantdiff.core.errors import ConfigError
+from quantdiff.core.outputs import check_outputs
 
 MARKER = ".quantdiff-output"
 
@@ -29,50 +31,66 @@ def mark(directory: Path, kind: str) -> None:
     (directory / MARKER).write_text(json.dumps({"kind": kind, "quantdiff_version": __version__}) + "\n")
 
 
-def is_marked(directory: Path) -> bool:
-    return (directory / MARKER).is_file()
+def marked_kind(directory: Path) -> str | None:
+    """The kind recorded in `directory`'s marker; None without a (readable) marker."""
+    try:
+        kind = json.loads((directory / MARKER).read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None
 
 
-def _within(inner: Path, outer: Path) -> bool:
-    return inner == outer or outer in inner.parents
-
-
-def check_target(out: str | Path, force: bool, sources: Iterable[str | Path] = (), flag: str = "output directory") -> None:
-    """Refuse a target that cannot be replaced: unnamed ('.', ''), a file, a non-empty directory without
-    `force`, and even with it one quantdiff did not write, or one that is or holds a `sources` directory."""
+def real_target(out: str | Path) -> Path:
+    """The directory a write to `out` replaces: a symlink's final target (the link itself stays)."""
     out = Path(out)
-    if out.name in ("", ".", ".."):
-        raise ConfigError(f"{flag} must name the directory to write, not {str(out)!r} (an empty name is the current directory)")
+    return Path(os.path.realpath(out)) if out.is_symlink() else out
+
+
+def check_target(out: str | Path, force: bool, sources: Iterable[str | Path] = (), flag: str = "output directory", kind: str = "output") -> None:
+    """Refuse a target that cannot be replaced: unnamed ('.', ''), a file, a non-empty directory without
+    `force`, and even with it one not marked as quantdiff's output of `kind`, or one that is, holds or lies in
+    a `sources` directory."""
+    named = Path(out)
+    if named.name in ("", ".", ".."):
+        raise ConfigError(f"{flag} must name the directory to write, not {str(named)!r} (an empty name is the current directory)")
+    out = real_target(named)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"{flag} exists and is not a directory: {out}")
-    resolved = out.resolve()
-    for source in sources:
-        if _within(Path(source).resolve(), resolved):
-            what = "is" if Path(source).resolve() == resolved else "contains"
-            raise ConfigError(f"{flag} {out} {what} the input model {source}: refusing to replace it")
+        raise ConfigError(f"{flag} exists and is not a directory: {named}")
+    check_outputs({flag: named}, sources, replaced=True)
     if out.is_dir() and any(out.iterdir()):
         if not force:
-            raise ConfigError(f"{flag} {out} is not empty (use --force to replace it)")
-        if not is_marked(out):
-            raise ConfigError(f"{flag} {out} was not written by quantdiff (no {MARKER}): refusing to replace it, even with --force")
+            raise ConfigError(f"{flag} {named} is not empty (use --force to replace it)")
+        found = marked_kind(out)
+        if found is None:
+            raise ConfigError(f"{flag} {named} was not written by quantdiff (no {MARKER}): refusing to replace it, even with --force")
+        if found != kind:
+            raise ConfigError(f"{flag} {named} holds a quantdiff {found}, not a {kind}: refusing to replace it, even with --force")
+
+
+def _follow_umask(root: Path) -> None:
+    """Libraries create some files 0600 (mkstemp); give every entry the mode a plain open() or mkdir() would."""
+    for path in (root, *root.rglob("*")):
+        if not path.is_symlink():
+            os.chmod(path, default_mode(directory=path.is_dir()))
 
 
 @contextmanager
 def atomic_dir(out: str | Path, force: bool = False, kind: str = "output", sources: Iterable[str | Path] = ()) -> Iterator[Path]:
     """Yield a temporary directory beside `out` (already marked as `kind`); on success it replaces `out`, on
-    failure it vanishes. `sources`: directories being read, which `out` must neither be nor contain."""
-    out = Path(out)
-    check_target(out, force, sources)
+    failure it vanishes. `sources`: directories being read, which `out` must neither be, hold nor lie in."""
+    check_target(out, force, sources, kind=kind)
+    out = real_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(out.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(out.name), dir=out.parent))
+    remove_stale_temporaries()
+    tmp = temporary_path(out)
+    tmp.mkdir(mode=0o700)
     try:
         with disk_full_as_error(out):
-            os.chmod(tmp, default_mode(directory=True))
             mark(tmp, kind)
             yield tmp
+            _follow_umask(tmp)
             if out.exists():
-                old = out.with_name(temporary_prefix(out.name, "old") + tmp.name.rsplit("-", 1)[-1])
+                old = temporary_path(out, "old")
                 out.rename(old)
                 tmp.rename(out)
                 shutil.rmtree(old)

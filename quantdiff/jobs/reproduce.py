@@ -19,7 +19,7 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.models.pairs import KINDS
 from quantdiff.train.recipe import Recipe, load_recipe
 from quantdiff.core.atomic import write_json
-from quantdiff.core.savedir import atomic_dir, check_target, is_marked
+from quantdiff.core.savedir import atomic_dir, check_target
 
 RUNS = Path("runs")
 BOS_CORPUS_SOURCE = "builtin:corpus, BOS first (as the pair was trained)"
@@ -100,10 +100,9 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     from quantdiff.report.emergence import emergence_markdown, plot_emergence, read_series
     from quantdiff.report.sweep_report import plot_sweep
 
-    replace = options.force or is_marked(options.out)  # an earlier report is ours to replace
-    check_target(options.out, replace)  # before any training or loading
+    check_target(options.out, options.force, flag="--out", kind="report")  # before any training or loading
     recipe, dirs = find_pair(options.target, console)
-    check_target(options.out, replace, dirs.values())  # never the pair being analysed, nor a directory holding it
+    check_target(options.out, options.force, list(dirs.values()), flag="--out", kind="report")  # never the pair being analysed
     analysis = recipe.analysis
     tasks = _tasks(recipe, options)
     methods = [method_name(m) for m in analysis.methods]  # recipes may write llm_int8
@@ -114,7 +113,7 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     attention_plan = plan_sweep(methods, analysis.bits, attention_sites)
     specs = list(dirs.items())  # models are named by kind in every table and JSON of the report
     started = time.perf_counter()
-    with atomic_dir(options.out, force=replace, kind="report", sources=dirs.values()) as tmp, tempfile.TemporaryDirectory() as scratch:
+    with atomic_dir(options.out, force=options.force, kind="report", sources=list(dirs.values())) as tmp, tempfile.TemporaryDirectory() as scratch:
         console.print(f"statistics over {options.stats_tokens or analysis.stats_tokens:,} held-out tokens per model")
         stats_doc = run_stats(
             StatsOptions(

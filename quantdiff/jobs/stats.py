@@ -13,6 +13,7 @@ from pathlib import Path
 import quantdiff.attention.backend as attention
 from quantdiff.data.sources import BUILTIN_CORPUS, BUILTINS, Batch, shard
 from quantdiff.core.atomic import writable_target
+from quantdiff.core.outputs import check_outputs
 from quantdiff.core.errors import ConfigError, DataError
 from quantdiff.core.device import resolve_device
 from quantdiff.core.progress import rate_column, task_bars
@@ -67,6 +68,8 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
     if options.plot_dir is not None and options.plot_dir.exists() and not options.plot_dir.is_dir():
         raise ConfigError(f"--plot path exists and is not a directory: {options.plot_dir}")
     named = resolve_models(options.models)  # the same model names as `quantdiff sweep` gives
+    data_files = [] if options.data in BUILTINS else [options.data]
+    check_outputs({"--json": options.json_path, "--plot": options.plot_dir}, [path for _, path in named] + data_files)
     planned = []
     for name, path in named:
         config = load_config(path, options.trust_remote_code)

@@ -13,7 +13,7 @@ from torch import nn
 
 from quantdiff import __version__
 from quantdiff.core.errors import ConfigError, LoadError
-from quantdiff.core.atomic import json_text
+from quantdiff.core.atomic import json_text, signals_deferred
 from quantdiff.core.savedir import MARKER, atomic_dir, check_target
 from quantdiff.models.loading import PICKLE_SUFFIXES, load
 from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors
@@ -45,17 +45,21 @@ def export_quantized(
     force: bool = False,
     attention: QuantConfig | None = None,
     allow_partial: bool = False,
+    trust_remote_code: bool = False,
 ) -> ExportSummary:
     """Quantize the source model's linear weights and write a complete model directory at `out`, atomically.
 
     `attention`: an attention quantization (logits or qk site) to record; `load_quantized` re-applies it.
     allow_partial: accept decoder layers without an nn.Linear to quantize (else ConfigError naming them).
+    trust_remote_code: run the source's own code, and keep it (*.py, `auto_map`) in the export, which records
+    the choice; without it the export carries no code.
     """
     source, out = Path(source), Path(out)
-    check_target(out, force, [source])  # before the (slow) load: a refused target costs nothing
+    check_target(out, force, [source], kind="export")  # before the (slow) load: a refused target costs nothing
     if attention is not None and isinstance(attention.site, LinearSite):
         raise ConfigError("only an attention quantization (site logits or qk) can be recorded with an export")
-    model = load(source, device="cpu")
+    model = load(source, device="cpu", trust_remote_code=trust_remote_code)
+    _refuse_nonfinite(model, source)
     targets = linear_targets(model, LinearSite(include_lm_head=include_lm_head), allow_partial)
     if not targets:
         raise ConfigError(f"no nn.Linear layer to quantize in {source}")
@@ -72,6 +76,7 @@ def export_quantized(
         "dtype": str(dtype).removeprefix("torch."),
         "attention": None if attention is None else attention.to_dict(),
         "quantdiff_version": __version__,
+        "trust_remote_code": trust_remote_code,
     }
 
     tensors = _plain_tensors(model, {f"{fqn}.weight" for fqn in chosen})
@@ -82,7 +87,7 @@ def export_quantized(
         quantized_bytes += sum(v.numel() * v.element_size() for v in encoded.values())
         bf16_bytes += module.weight.numel() * 2
 
-    config = json.loads((source / "config.json").read_text())
+    config = _without_code(json.loads((source / "config.json").read_text()), trust_remote_code)
     if isinstance(fmt, AbsmaxExport):
         config["quantization_config"] = {"quant_method": "quantdiff", **section}
     else:  # transformers reads the bitsandbytes part, quantdiff its own section
@@ -90,9 +95,11 @@ def export_quantized(
     metadata = {"format": "pt", "quantdiff_version": __version__, "quantization_config": json.dumps(section, sort_keys=True)}
     with atomic_dir(out, force, kind="export", sources=[source]) as tmp:
         (tmp / "config.json").write_text(json_text(config, indent=2, sort_keys=True))
-        _copy_side_files(source, tmp)
-        save_file(tensors, str(tmp / WEIGHTS_NAME), metadata=metadata)
-        _verify(tmp / WEIGHTS_NAME, tensors)  # before the rename: a checkpoint that does not read back never appears
+        _copy_side_files(source, tmp, trust_remote_code)
+        with signals_deferred():  # an interrupt inside safetensors' or torch's C++ code became a TypeError
+            save_file(tensors, str(tmp / WEIGHTS_NAME), metadata=metadata)
+            _sort_metadata(tmp / WEIGHTS_NAME)
+            _verify(tmp / WEIGHTS_NAME, tensors)  # before the rename: a checkpoint that does not read back never appears
     source_bytes = sum(f.stat().st_size for f in source.glob("*.safetensors"))
     out_bytes = (out / WEIGHTS_NAME).stat().st_size
     return ExportSummary(out, section, sorted(chosen), skipped, source_bytes, out_bytes, quantized_bytes, bf16_bytes)
@@ -106,12 +113,39 @@ def _tied_to_other(model: nn.Module, targets: list[tuple[str, nn.Linear]]) -> st
     return next((fqn for fqn, module in targets if names_per_param[id(module.weight)] > 1), None)
 
 
-def _copy_side_files(source: Path, target: Path) -> None:
-    """Tokenizer and generation settings; never weights, pickles, the weight index, the old config or marker."""
+def _refuse_nonfinite(model: nn.Module, source: Path) -> None:
+    """NaN/Inf weights have no absmax scale: their export would be meaningless (and NaN never reads back equal)."""
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+            raise LoadError(f"{name} in {source} holds NaN or Inf values: refusing to quantize a model with non-finite weights")
+
+
+def _without_code(settings: dict, trust_remote_code: bool) -> dict:
+    """`settings` without `auto_map` (which names the model's own code) unless that code is trusted."""
+    return settings if trust_remote_code else {k: v for k, v in settings.items() if k != "auto_map"}
+
+
+def _copy_side_files(source: Path, target: Path, trust_remote_code: bool) -> None:
+    """Tokenizer and generation settings; never weights, pickles, the weight index, the old config or marker,
+    and the model's own code (*.py, `auto_map` entries) only when it is trusted."""
     for file in source.iterdir():
-        if file.is_file() and file.suffix not in (".safetensors", *PICKLE_SUFFIXES):
-            if file.name not in ("config.json", "model.safetensors.index.json", MARKER):
-                shutil.copy2(file, target / file.name)
+        if not file.is_file() or file.suffix in (".safetensors", *PICKLE_SUFFIXES):
+            continue
+        if file.name in ("config.json", "model.safetensors.index.json", MARKER) or (file.suffix == ".py" and not trust_remote_code):
+            continue
+        settings = _json_object(file) if file.suffix == ".json" else None
+        if settings is not None and "auto_map" in settings and not trust_remote_code:
+            (target / file.name).write_text(json_text(_without_code(settings, False), indent=2))
+        else:
+            shutil.copyfile(file, target / file.name)
+
+
+def _json_object(file: Path) -> dict | None:
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _plain_tensors(model: nn.Module, exclude: set[str]) -> Tensors:
@@ -129,8 +163,30 @@ def _plain_tensors(model: nn.Module, exclude: set[str]) -> Tensors:
     return out
 
 
+def _sort_metadata(file: Path) -> None:
+    """Rewrite the header with `__metadata__` keys sorted: safetensors writes them in random (hash map) order,
+    and an export must be byte-identical for the same input. Same keys, same length: rewritten in place."""
+    with open(file, "r+b") as f:
+        length = int.from_bytes(f.read(8), "little")
+        raw = f.read(length)
+        header = json.loads(raw)
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) != len(raw.rstrip(b" ")):
+            raise LoadError(f"export check failed: cannot canonicalise the header of {file}")
+        f.seek(8)
+        f.write(text.ljust(length, b" "))
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaN equals itself), for tensors of one dtype and shape."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.contiguous().flatten().view(torch.uint8), b.contiguous().flatten().view(torch.uint8))
+
+
 def _verify(file: Path, tensors: Tensors) -> None:
     stored = load_file(str(file))
-    bad = sorted(k for k in tensors if k not in stored or not torch.equal(stored[k], tensors[k]))
+    bad = sorted(k for k in tensors if k not in stored or not _same_bits(stored[k], tensors[k]))
     if bad or stored.keys() != tensors.keys():
         raise LoadError(f"export check failed: {file} does not read back what was written ({(bad or ['keys'])[0]})")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -125,8 +124,9 @@ def write_plots(directory: str | Path, named: Sequence[tuple[str, ModelStats]]) 
         raise ConfigError(f"--plot path exists and is not a directory: {directory}")
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
-    atomic.remove_stale_temporaries(directory)
-    tmp = Path(tempfile.mkdtemp(prefix=atomic.temporary_prefix("plots"), dir=directory))
+    atomic.remove_stale_temporaries()
+    tmp = atomic.temporary_path(directory / "plots")
+    tmp.mkdir(mode=0o700)
     try:
         with atomic.disk_full_as_error(directory):
             return _plot_into(directory, tmp, named, plt)

@@ -233,7 +233,7 @@ class Checkpoint:
         return (self.dir / "state.json").is_file()
 
     def save(self, tokenizer, models, optimizers, state: dict) -> None:
-        with atomic_dir(self.dir, force=True) as tmp:
+        with atomic_dir(self.dir, force=True, kind="checkpoint") as tmp:
             save_tokenizer(tokenizer, tmp / "tokenizer")
             for kind, model in models.items():
                 weights = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -447,7 +447,7 @@ def finish(run: Run, console) -> dict[str, Path]:
             + ", ".join(f"{n} needles {acc:.0%}" for n, acc in retrieval.items())
         )
         paths[kind] = run.out / kind
-        with atomic_dir(paths[kind], force=True) as tmp:
+        with atomic_dir(paths[kind], force=True, kind="model") as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             save_tokenizer(data.tokenizer, tmp)
             (tmp / "recipe.toml").write_text(recipe.source)

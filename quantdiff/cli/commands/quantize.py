@@ -25,6 +25,7 @@ def quantize(
     limit: Annotated[Optional[int], typer.Option("--limit", help="--eval on the first N items only.")] = None,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept decoder layers without an nn.Linear to quantize.")] = False,
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit) when MODEL is a hub id.")] = None,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code and keep it (*.py, auto_map) in the export, which records this; off by default: the export carries no code.")] = False,
 ) -> None:
     """Quantize the linear weights inside the decoder layers and write a complete model directory."""
     from rich.console import Console
@@ -59,10 +60,12 @@ def quantize(
     sources = resolve(model, revision)
     if len(sources) != 1:
         raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
-    check_target(out, force, sources, flag="--out")
+    check_target(out, force, sources + ([data] if data else []), flag="--out", kind="export")
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
     tokenizer = load_tokenizer(sources[0]) if task is not None else None
-    summary = export_quantized(sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial)
+    summary = export_quantized(
+        sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial, trust_remote_code=trust_remote_code
+    )
     console = Console(highlight=False)
     d = summary.description
     console.print(f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}")
@@ -71,21 +74,23 @@ def quantize(
         f"quantized weights {summary.quantized_bytes / summary.quantized_bf16_bytes:.2f}× their bf16 size"
     )
     console.print(f"modules quantized: {len(summary.modules)}; skipped (kept in {d['dtype']}): {', '.join(summary.skipped) or 'none'}")
+    if trust_remote_code:
+        console.print("kept the model's own code (*.py, auto_map), recorded as trust_remote_code")
     if attention is not None:
         a = attention.to_dict()
         console.print(f"attention recorded: {a['method']['name']} {a['method']['bits']}-bit at site {a['site']['name']} (re-applied on load)")
     if task is not None:
-        _evaluate(sources[0], out, task, tokenizer, limit)
+        _evaluate(sources[0], out, task, tokenizer, limit, trust_remote_code)
 
 
-def _evaluate(source: Path, out: Path, task, tokenizer, limit: int | None) -> None:
+def _evaluate(source: Path, out: Path, task, tokenizer, limit: int | None, trust_remote_code: bool) -> None:
     """The task on the source model and on the export as quantdiff reloads it, one model in memory at a time."""
     from quantdiff.jobs.evaluate import report
     from quantdiff.eval.sweep import run_sweep
     from quantdiff.quant.checkpoint import load, load_quantized
 
     cells = []
-    for name, load_model in (("source", lambda: load(source)), ("quantized", lambda: load_quantized(out))):
+    for name, load_model in (("source", lambda: load(source, trust_remote_code=trust_remote_code)), ("quantized", lambda: load_quantized(out))):
         model = load_model()
         cells.extend(run_sweep({name: (model, tokenizer)}, task, [], limit))
         del model

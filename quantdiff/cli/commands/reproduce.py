@@ -15,7 +15,7 @@ def reproduce(
     stats_tokens: Annotated[Optional[int], typer.Option("--stats-tokens", help="Held-out tokens per model for the statistics (default: the recipe's).")] = None,
     items: Annotated[Optional[int], typer.Option("--items", help="Cap on items per task (quick runs); default: the recipe's sizes.")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, … (default: CUDA if available).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace OUT even if it is not an earlier report.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUT if it holds an earlier report (never anything else).")] = False,
 ) -> None:
     """Reproduce the paper's Table 5 and Figure 8 analyses on a matched standard/Diff pair, beside the paper's numbers."""
     from rich.console import Console

@@ -52,6 +52,7 @@ def sweep(
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
     from quantdiff.cli.validate import check_list
     from quantdiff.core.device import resolve_device
+    from quantdiff.core.outputs import check_outputs
     from quantdiff.eval.sweep import plan_sweep
     from quantdiff.jobs.evaluate import report, run_models
     from quantdiff.models.names import resolve_models
@@ -66,6 +67,7 @@ def sweep(
     specs = resolve_models(models)
     for path, suffixes in ((json_path, None), (plot, (".png", ".pdf", ".svg"))):
         check_output(path, suffixes)
+    check_outputs({"--json": json_path, "--plot": plot}, [path for _, path in specs] + ([data] if data else []))
     notes = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in plan.skipped:
         notes.print(f"[yellow]skipped {line}[/yellow]")
@@ -101,6 +103,7 @@ def evaluate(
     """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
     from quantdiff.core.device import resolve_device
+    from quantdiff.core.outputs import check_outputs
     from quantdiff.core.errors import ConfigError
     from quantdiff.jobs.evaluate import report, run_models
     from quantdiff.models.names import resolve_models
@@ -114,6 +117,7 @@ def evaluate(
     check_limit(limit)
     specs = resolve_models([model])
     check_output(json_path, None)
+    check_outputs({"--json": json_path}, [path for _, path in specs] + ([data] if data else []))
     cells = run_models(
         specs, the_task, configs, limit, target, quiet, include_reference=bits is None, allow_partial=allow_partial, trust_remote_code=trust_remote_code
     )

@@ -29,6 +29,6 @@ def train(
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out exists and is not a directory: {out}")
     for kind in KINDS:  # the models are written at the end: refuse what they may not replace before training
-        check_target(out / kind, force=True, flag=f"--out's {kind}/")
+        check_target(out / kind, force=True, sources=[p for p in [Path(recipe)] if p.is_file()], flag=f"--out's {kind}/", kind="model")
     paths = train_pair(parsed, out, force=force)
     Console().print(f"pair saved: {paths['standard']}  {paths['diff']}")

@@ -93,8 +93,36 @@ def _run_dir_not_ours(tmp: Path) -> None:
     (tmp / "run" / "standard" / "data.csv").write_text("not a model")
 
 
+def _marked(directory: Path, kind: str, files: dict[str, str]) -> None:
+    """A directory quantdiff wrote as `kind` (its marker) with a few files."""
+    directory.mkdir(parents=True)
+    (directory / ".quantdiff-output").write_text(json.dumps({"kind": kind, "quantdiff_version": "0"}) + "\n")
+    for name, text in files.items():
+        (directory / name).write_text(text)
+
+
+def _marked_pair(tmp: Path) -> None:
+    _marked(tmp / "P", "pair", {})
+    for kind in ("standard", "diff"):
+        _marked(tmp / "P" / kind, "model", {"config.json": "{}", "model.safetensors": f"weights of {kind}"})
+
+
+def _marked_report(tmp: Path) -> None:
+    _marked(tmp / "R", "report", {"report.md": "# an earlier report"})
+
+
+def _link(name: str, target: str):
+    """tmp/name -> tmp/target (target may not exist yet: a dangling link still leads there)."""
+    return lambda tmp: (tmp / name).symlink_to(tmp / target)
+
+
+def _words(tmp: Path) -> None:
+    (tmp / "words.txt").write_text("some words to read\n")
+
+
 MISSING = lambda t: t.pop("model.layers.0.mlp.up_proj.weight")  # noqa: E731
 UNEXPECTED = lambda t: t.__setitem__("model.extra.weight", torch.zeros(3))  # noqa: E731
+NAN_WEIGHT = lambda t: t["model.layers.1.self_attn.q_proj.weight"].__setitem__((0, 0), float("nan"))  # noqa: E731
 WRONG_SHAPE = lambda t: t.__setitem__("model.layers.0.mlp.up_proj.weight", torch.zeros(5, 3))  # noqa: E731
 
 # (id, argv with {src} = a copy of the model and {tmp} = the working directory, setup of {src}, setup of {tmp},
@@ -146,6 +174,38 @@ CASES = [
     ("train-force-over-foreign-dir", ["train", "{tmp}/r.toml", "--out", "{tmp}/run", "--force"], None, _run_dir_not_ours, "not written by quantdiff"),
     ("train-device-nonsense", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe('device = "nonsense"\n'), "[train] device"),
     ("train-binary-recipe", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, lambda t: (t / "r.toml").write_bytes(b"\xff\xfe\x00\x81"), "not UTF-8"),
+    # A directory is replaced only with --force, and only by a command writing the same kind
+    ("reproduce-over-model-without-force", ["reproduce", "tiny", "--out", "{tmp}/P/standard"], None, _marked_pair, "is not empty"),
+    ("reproduce-over-model-with-force", ["reproduce", "tiny", "--out", "{tmp}/P/standard", "--force"], None, _marked_pair, "holds a quantdiff model, not a report"),
+    ("reproduce-over-pair-with-force", ["reproduce", "tiny", "--out", "{tmp}/P", "--force"], None, _marked_pair, "holds a quantdiff pair, not a report"),
+    ("reproduce-over-report-without-force", ["reproduce", "tiny", "--out", "{tmp}/R"], None, _marked_report, "is not empty"),
+    ("quantize-over-report-with-force", ["quantize", "{src}", "--out", "{tmp}/R", "--force"], None, _marked_report, "not an export"),
+    ("quantize-over-model-with-force", ["quantize", "{src}", "--out", "{tmp}/P/diff", "--force"], None, _marked_pair, "holds a quantdiff model"),
+    ("pair-over-report-with-force", ["pair", "{tmp}/R", "--force"], None, _marked_report, "not a pair"),
+    ("train-over-report-with-force", ["train", "{tmp}/r.toml", "--out", "{tmp}/run", "--force"], None,
+     lambda t: (_recipe("[data]\nretrieval_max_needles = 2\n")(t), _marked(t / "run" / "standard", "report", {"report.md": "#"})), "not a model"),
+    # Outputs never land on what a command reads (paths compared after resolving symlinks)
+    ("stats-json-over-config", ["stats", "{src}", "--json", "{src}/config.json"], None, None, "lies inside the input model"),
+    ("stats-json-link-to-weights", ["stats", "{src}", "--json", "{tmp}/link.json"], None, _link("link.json", "src/model.safetensors"), "lies inside the input model"),
+    ("stats-json-dangling-link-into-model", ["stats", "{src}", "--json", "{tmp}/link.json"], None, _link("link.json", "src/new.json"), "lies inside the input model"),
+    ("stats-plot-is-model", ["stats", "{src}", "--plot", "{src}"], None, None, "is the input model"),
+    ("stats-plot-link-to-model", ["stats", "{src}", "--plot", "{tmp}/plots"], None, _link("plots", "src"), "is the input model"),
+    ("stats-json-over-data", ["stats", "{src}", "--data", "{tmp}/words.txt", "--json", "{tmp}/words.txt"], None, _words, "is the input file"),
+    ("sweep-json-into-model", ["sweep", "{src}", "--json", "{src}/sweep.json"], None, None, "lies inside the input model"),
+    ("sweep-plot-link-into-model", ["sweep", "{src}", "--plot", "{tmp}/fig.png"], None, _link("fig.png", "src/fig.png"), "lies inside the input model"),
+    ("sweep-json-and-plot-same-path", ["sweep", "{src}", "--json", "{tmp}/a.png", "--plot", "{tmp}/a.png"], None, None, "name the same path"),
+    ("eval-json-link-to-weights", ["eval", "{src}", "--json", "{tmp}/link.json"], None, _link("link.json", "src/model.safetensors"), "lies inside the input model"),
+    ("quantize-out-inside-model", ["quantize", "{src}", "--out", "{src}/q"], None, None, "lies inside the input model"),
+    ("quantize-out-link-to-model", ["quantize", "{src}", "--out", "{tmp}/L", "--force"], None, _link("L", "src"), "is the input model"),
+    ("quantize-out-holds-eval-data", ["quantize", "{src}", "--out", "{tmp}/R", "--force", "--eval", "lm", "--data", "{tmp}/R/report.md"], None, _marked_report, "contains the input file"),
+    # An output under a regular file is named as such (mkdir would say only "File exists")
+    ("stats-json-under-a-file", ["stats", "{src}", "--json", "{tmp}/words.txt/x.json"], None, _words, "words.txt is not a directory"),
+    ("stats-plot-under-a-file", ["stats", "{src}", "--plot", "{tmp}/words.txt/plots"], None, _words, "words.txt is not a directory"),
+    ("eval-json-under-a-file", ["eval", "{src}", "--json", "{tmp}/words.txt/x.json"], None, _words, "words.txt is not a directory"),
+    ("quantize-out-under-a-file", ["quantize", "{src}", "--out", "{tmp}/words.txt/q"], None, _words, "words.txt is not a directory"),
+    ("pair-out-under-a-file", ["pair", "{tmp}/words.txt/p"], None, _words, "words.txt is not a directory"),
+    # NaN weights are refused by name before quantizing (they have no scale, and NaN never compares equal)
+    ("quantize-nan-weights", ["quantize", "{src}", "--out", "{tmp}/q"], lambda d: _edit_weights(d, NAN_WEIGHT), None, "q_proj.weight in"),
 ]
 if not torch.cuda.is_available():
     CASES += [

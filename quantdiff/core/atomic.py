@@ -9,6 +9,7 @@ else: a file that merely looks like a temporary is never touched.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import math
@@ -74,10 +75,25 @@ def _register(path: Path) -> None:
         with open(registry, "a", encoding="utf-8") as f:
             if f.tell() == 0:
                 f.write(json.dumps(me) + "\n")
+                atexit.register(_forget_if_clean, registry)
             f.write(json.dumps(str(path.absolute())) + "\n")
             f.flush()
             os.fsync(f.fileno())  # recorded before the temporary exists, even if killed right after
     except OSError:
+        pass
+
+
+def _recorded(registry: Path) -> list[Path]:
+    lines = registry.read_text(encoding="utf-8").splitlines()
+    return [Path(json.loads(line)) for line in lines[1:] if line.strip()]
+
+
+def _forget_if_clean(registry: Path) -> None:
+    """At exit: drop this process' registry when none of its temporaries is left (the usual case)."""
+    try:
+        if not any(path.exists() or path.is_symlink() for path in _recorded(registry)):
+            registry.unlink()
+    except (OSError, ValueError):
         pass
 
 
@@ -109,10 +125,11 @@ def remove_stale_temporaries() -> list[Path]:
         return removed
     for registry in registries:
         try:
-            lines = registry.read_text(encoding="utf-8").splitlines()
-            if not _gone(json.loads(lines[0])):
+            with open(registry, encoding="utf-8") as f:
+                writer = json.loads(f.readline())
+            if not _gone(writer):
                 continue
-            paths = [Path(json.loads(line)) for line in lines[1:] if line.strip()]
+            paths = _recorded(registry)
         except (OSError, ValueError, KeyError, IndexError, TypeError):
             continue  # being written right now, or not ours to judge
         for path in paths:

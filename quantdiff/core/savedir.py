@@ -64,7 +64,8 @@ def check_target(out: str | Path, force: bool, sources: Iterable[str | Path] = (
         if found is None:
             raise ConfigError(f"{flag} {named} was not written by quantdiff (no {MARKER}): refusing to replace it, even with --force")
         if found != kind:
-            raise ConfigError(f"{flag} {named} holds a quantdiff {found}, not a {kind}: refusing to replace it, even with --force")
+            article = "an" if kind[:1] in "aeiou" else "a"
+            raise ConfigError(f"{flag} {named} holds a quantdiff {found}, not {article} {kind}: refusing to replace it, even with --force")
 
 
 def _follow_umask(root: Path) -> None:

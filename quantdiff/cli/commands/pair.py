@@ -30,7 +30,7 @@ def pair(
     check_positive(hidden_size=hidden_size, layers=layers, heads=heads, vocab_size=vocab_size, context=context)
     if kv_heads < 0:
         raise ConfigError(f"--kv-heads must be at least 0 (0 = --heads), got {kv_heads}")
-    check_target(out, force, flag="OUT")
+    check_target(out, force, flag="OUT", kind="pair")
     preset = SizePreset(hidden_size, layers, heads, kv_heads or None, None, vocab_size, context)
     models = build_pair(preset, seed=seed)
     save_pair(models, out, force=force)

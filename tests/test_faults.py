@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from quantdiff.cli.app import main
-from quantdiff.core.atomic import atomic_file, remove_stale_temporaries, temporary_prefix, writable_target
+import quantdiff.core.atomic as atomic
+from quantdiff.core.atomic import atomic_file, remove_stale_temporaries, writable_target
 from quantdiff.core.errors import ConfigError
 from quantdiff.core.savedir import MARKER, atomic_dir
 from quantdiff.models.names import ASSETS
@@ -97,17 +98,60 @@ def test_sigkill_during_stats_json_then_the_next_run_succeeds_and_cleans_up(tmp_
     assert _hidden(tmp_path) == []
 
 
-def test_stale_temporaries_are_those_of_dead_or_restarted_processes(tmp_path):
-    mine = tmp_path / (temporary_prefix("a") + "x.json")
-    restarted = tmp_path / mine.name.replace(f"-{os.getpid()}-", f"-{os.getpid()}-1").replace("-1x", "-x")
-    dead = tmp_path / f".a.tmp-{2**22 + 12345}-5-x"
-    foreign = tmp_path / ".a.tmp-notours"
-    for path in (mine, restarted, dead, foreign):
+# ---- only what quantdiff provably made is cleaned ----------------------------------------------------------
+
+
+def _registry(state: Path, writer: dict, paths: list[Path]) -> Path:
+    """A registry as a writer process leaves it: who it was, then the temporaries it recorded."""
+    file = state / "quantdiff" / "temporaries" / f"{writer['pid']}-{writer['start']}.paths"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text("".join(json.dumps(line) + "\n" for line in [writer, *map(str, paths)]))
+    return file
+
+
+def _lookalikes(directory: Path) -> list[Path]:
+    """A user's files whose names merely look like quantdiff's temporaries."""
+    notes = directory / ".mynotes.tmp-999999-1-keep"
+    notes.write_text("my notes")
+    old = directory / ".report.old-999998-1-x"
+    old.mkdir()
+    (old / "draft.md").write_text("my draft")
+    return [notes, old]
+
+
+def test_stale_temporaries_are_the_recorded_ones_of_ended_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    me = atomic._identity()
+    ended = {**me, "pid": 2**22 + 12345, "start": 5}
+    work = tmp_path / "work"
+    work.mkdir()
+    dead_file, dead_dir, live, remote = (work / name for name in (".a.tmp-1", ".d.tmp-2", ".a.tmp-3", ".a.tmp-4"))
+    for path in (dead_file, live, remote):
         path.write_text("x")
-    (tmp_path / f".d.tmp-{2**22 + 12345}-5-y").mkdir()
-    removed = remove_stale_temporaries(tmp_path)
-    assert sorted(p.name for p in removed) == sorted([restarted.name, dead.name, f".d.tmp-{2**22 + 12345}-5-y"])
-    assert mine.exists() and foreign.exists()
+    dead_dir.mkdir()
+    (dead_dir / "model.safetensors").write_text("half")
+    ended_registry = _registry(tmp_path / "state", ended, [dead_file, dead_dir, work / ".gone.tmp-5"])
+    _registry(tmp_path / "state", me, [live])  # this process still runs
+    _registry(tmp_path / "state", {**ended, "host": "another-host", "pid": 7}, [remote])  # cannot tell: kept
+    user = _lookalikes(work)
+    before = tree_hashes(work)
+    assert sorted(remove_stale_temporaries()) == sorted([dead_file, dead_dir])
+    assert not ended_registry.exists() and live.exists() and remote.exists()
+    assert all(path.exists() for path in user)
+    assert {k: v for k, v in tree_hashes(work).items() if "mynotes" in k or "report.old" in k} == {
+        k: v for k, v in before.items() if "mynotes" in k or "report.old" in k
+    }
+
+
+def test_lookalike_files_survive_every_writer(tmp_path, capsys):
+    """Writes into a directory holding a user's temporary-looking names: files, JSON, directories, plots."""
+    user = _lookalikes(tmp_path)
+    before = {k: v for k, v in tree_hashes(tmp_path).items()}
+    main(["quantize", "tiny/diff", "--out", str(tmp_path / "q"), "--bits", "8"])
+    main(["stats", "tiny/diff", "--tokens", "64", "--quiet", "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path)])
+    after = tree_hashes(tmp_path)
+    assert all(path.exists() for path in user)
+    assert {k: after[k] for k in before} == before
 
 
 # ---- disk full ---------------------------------------------------------------------------------------------

@@ -252,3 +252,77 @@ def test_symlinks_are_written_through_and_special_files_refused(tmp_path):
         with pytest.raises(ConfigError, match="not a regular file"):
             writable_target(special)
     assert Path("/dev/null").is_char_device()
+
+
+# ---- exports: symlinked --out, umask modes, identical bytes, no code unless trusted, interrupts ---------------
+
+
+def test_force_through_a_symlinked_out_replaces_its_target_and_keeps_the_link(tmp_path):
+    target, link = tmp_path / "q", tmp_path / "L"
+    main(["quantize", "tiny/diff", "--out", str(target), "--bits", "8"])
+    link.symlink_to(target)
+    main(["quantize", "tiny/diff", "--out", str(link), "--bits", "4", "--force"])
+    assert link.is_symlink() and json.loads((target / "config.json").read_text())["quantization_config"]["bits"] == 4
+    assert _hidden(tmp_path) == []  # no `.L.old-…` or `.q.old-…` left behind
+
+
+def test_export_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        main(["quantize", "tiny/diff", "--out", str(tmp_path / "q"), "--bits", "4"])
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "q").iterdir()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
+    assert (tmp_path / "q").stat().st_mode & 0o777 == 0o755
+
+
+def test_exports_of_the_same_input_are_byte_identical(tmp_path):
+    for name in ("a", "b", "c"):  # safetensors writes its metadata in hash-map order: one of these would differ
+        main(["quantize", "tiny/diff", "--out", str(tmp_path / name), "--bits", "4", "--attention-bits", "8"])
+    assert tree_hashes(tmp_path / "a") == tree_hashes(tmp_path / "b") == tree_hashes(tmp_path / "c")
+
+
+def _with_own_code(src: Path) -> None:
+    """A source carrying its own code: a .py file and auto_map entries (unused by causal-LM loading)."""
+    (src / "modeling_extra.py").write_text("RAN = True\n")
+    for name, entry in (("config.json", {"AutoModelForSequenceClassification": "modeling_extra.Model"}),
+                        ("tokenizer_config.json", {"AutoTokenizer": ["modeling_extra.Tokenizer", None]})):
+        settings = json.loads((src / name).read_text())
+        (src / name).write_text(json.dumps({**settings, "auto_map": entry}))
+
+
+@pytest.mark.parametrize("trusted", [False, True], ids=["untrusted", "trust-remote-code"])
+def test_exports_carry_code_only_when_trusted(tmp_path, trusted):
+    src = tmp_path / "src"
+    shutil.copytree(SOURCE, src)
+    _with_own_code(src)
+    source_hashes = tree_hashes(src)
+    main(["quantize", str(src), "--out", str(tmp_path / "q"), "--bits", "4", *(["--trust-remote-code"] if trusted else [])])
+    out = tmp_path / "q"
+    config = json.loads((out / "config.json").read_text())
+    assert (out / "modeling_extra.py").exists() == trusted
+    assert ("auto_map" in config) == trusted and ("auto_map" in json.loads((out / "tokenizer_config.json").read_text())) == trusted
+    assert config["quantization_config"]["trust_remote_code"] is trusted
+    assert load_quantized(out, device="cpu") is not None  # the recorded section matches the weights' metadata
+    assert tree_hashes(src) == source_hashes
+
+
+def test_ctrl_c_while_the_export_is_written_waits_for_the_write_then_leaves_nothing(tmp_path, monkeypatch):
+    """The interrupt is held while safetensors and torch write and verify (inside their C++ code it became a
+    TypeError about 'UntypedStorage'), then raised: the temporary goes, nothing appears under --out."""
+    import quantdiff.quant.export as export
+    from quantdiff.quant.formats import parse_export
+
+    real_save, finished = export.save_file, []
+
+    def save_file(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the weights start to be written
+        real_save(*args, **kwargs)
+        finished.append(True)
+
+    monkeypatch.setattr(export, "save_file", save_file)
+    with pytest.raises(KeyboardInterrupt):
+        export.export_quantized(SOURCE, tmp_path / "q", parse_export("absmax", "4", 6.0))
+    assert finished == [True]  # the write was not cut inside library code
+    assert list(tmp_path.iterdir()) == []  # no output, no temporary

@@ -17,7 +17,7 @@ from typing import Iterable, Iterator
 
 from transformers import PreTrainedModel
 
-from quantdiff.core.atomic import default_mode, disk_full_as_error, remove_stale_temporaries, temporary_path
+from quantdiff.core.atomic import default_mode, disk_full_as_error, remove_stale_temporaries, signals_deferred, temporary_path
 from quantdiff.core.errors import ConfigError
 from quantdiff.core.outputs import check_outputs
 
@@ -90,13 +90,14 @@ def atomic_dir(out: str | Path, force: bool = False, kind: str = "output", sourc
             mark(tmp, kind)
             yield tmp
             _follow_umask(tmp)
-            if out.exists():
-                old = temporary_path(out, "old")
-                out.rename(old)
-                tmp.rename(out)
-                shutil.rmtree(old)
-            else:
-                tmp.rename(out)
+            with signals_deferred():  # an interrupt between the two renames would leave neither output
+                if out.exists():
+                    old = temporary_path(out, "old")
+                    out.rename(old)
+                    tmp.rename(out)
+                    shutil.rmtree(old)
+                else:
+                    tmp.rename(out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

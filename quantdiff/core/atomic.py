@@ -25,9 +25,6 @@ from typing import Any, Iterator
 
 from quantdiff.core.errors import ConfigError, DiskFullError, QuantdiffError
 
-_ROLES = ("tmp", "old")  # being written; a replaced directory about to be deleted
-
-
 def _start_time(pid: int) -> int | None:
     """The process' start time in clock ticks since boot (Linux), 0 where /proc is absent, None if no such process."""
     try:
@@ -98,8 +95,8 @@ def _forget_if_clean(registry: Path) -> None:
 
 
 def temporary_path(target: str | Path, role: str = "tmp", suffix: str = "") -> Path:
-    """A fresh hidden name beside `target` (`.<name>.<role>-<random><suffix>`), recorded before it is created."""
-    assert role in _ROLES
+    """A fresh hidden name beside `target` (`.<name>.<role>-<random><suffix>`), recorded before it is created;
+    role "tmp": being written, "old": a replaced directory about to be deleted."""
     target = Path(target)
     path = target.with_name(f".{target.name}.{role}-{secrets.token_hex(8)}{suffix}")
     _register(path)

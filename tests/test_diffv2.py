@@ -244,9 +244,15 @@ def test_info_names_the_attention_kind(models, tmp_path, capsys):
     assert "differential V2" in capsys.readouterr().out
 
 
-def test_an_odd_pairing_is_refused():
-    from huggingface_hub.errors import StrictDataclassClassValidationError
-    from transformers import AutoConfig
+def test_a_pairing_across_groups_is_refused_in_one_line(models, tmp_path, capsys):
+    import json
 
-    with pytest.raises(StrictDataclassClassValidationError, match="GQA group"):
-        AutoConfig.for_model("quantdiff_diffv2", hidden_size=32, num_attention_heads=6, num_key_value_heads=2)
+    from quantdiff.cli.app import main
+
+    models["diffv2"].save_pretrained(tmp_path / "bad")
+    config = json.loads((tmp_path / "bad" / "config.json").read_text())
+    (tmp_path / "bad" / "config.json").write_text(json.dumps({**config, "num_attention_heads": 6, "num_key_value_heads": 2}))
+    with pytest.raises(SystemExit) as info:
+        main(["info", str(tmp_path / "bad"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code != 0 and err.startswith("error:") and "\n" not in err and "GQA group" in err

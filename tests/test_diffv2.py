@@ -252,7 +252,20 @@ def test_a_pairing_across_groups_is_refused_in_one_line(models, tmp_path, capsys
     models["diffv2"].save_pretrained(tmp_path / "bad")
     config = json.loads((tmp_path / "bad" / "config.json").read_text())
     (tmp_path / "bad" / "config.json").write_text(json.dumps({**config, "num_attention_heads": 6, "num_key_value_heads": 2}))
+    capsys.readouterr()  # what saving printed (progress bars) is not the command's output
     with pytest.raises(SystemExit) as info:
         main(["info", str(tmp_path / "bad"), "--device", "cpu"])
     err = capsys.readouterr().err.strip()
     assert info.value.code != 0 and err.startswith("error:") and "\n" not in err and "GQA group" in err
+
+
+def test_pair_command_writes_a_diffv2_of_the_same_sizes(tmp_path, capsys):
+    from quantdiff.cli.app import main
+
+    argv = ["pair", str(tmp_path / "p"), "--diffv2", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "40", "--context", "16"]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+        raise SystemExit(0)
+    assert info.value.code == 0, capsys.readouterr().err
+    v2 = quantdiff.load(tmp_path / "p" / "diffv2", device="cpu")
+    assert v2.config.num_attention_heads == 4 and v2.config.head_dim == 16 and (tmp_path / "p" / "diff").is_dir()

@@ -14,7 +14,6 @@ import torch
 from safetensors import safe_open
 
 from quantdiff.cli.app import main
-from quantdiff.core.errors import LoadError
 from quantdiff.models import gguf_model
 from quantdiff.models.names import resolve, wheel_file
 from quantdiff.models.source import SOURCE_FILE, model_source

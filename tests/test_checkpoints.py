@@ -93,3 +93,43 @@ def test_a_model_larger_than_memory_is_refused_with_its_size(mixtral_dir, monkey
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("allocated the model"))
     with pytest.raises(LoadError, match=r"needs 0\.0 GB of memory, 0\.0 GB are available"):
         quantdiff.load(mixtral_dir, device="cpu")
+
+
+def _copy_of_tiny(tmp_path):
+    import shutil
+
+    from test_bad_input import SOURCE
+
+    shutil.copytree(SOURCE, tmp_path / "m")
+    return tmp_path / "m"
+
+
+def test_a_stray_unindexed_file_no_longer_hides_a_missing_tensor(tmp_path):
+    """Before: every *.safetensors was checked, transformers read only model.safetensors and initialised the
+    missing tensor randomly, and `quantize` shipped it. Now the files transformers reads are the ones checked."""
+    from test_bad_input import _stray_file_holds_missing
+
+    directory = _copy_of_tiny(tmp_path)
+    true_weight = load_file(directory / "model.safetensors")["model.layers.0.mlp.up_proj.weight"]
+    _stray_file_holds_missing(directory)
+    theirs, info = AutoModelForCausalLM.from_pretrained(directory, output_loading_info=True)
+    assert info["missing_keys"] == {"model.layers.0.mlp.up_proj.weight"}  # the earlier silent random weight
+    assert not torch.equal(theirs.model.layers[0].mlp.up_proj.weight, true_weight)
+    with pytest.raises(LoadError, match="missing model.layers.0.mlp.up_proj.weight"):
+        quantdiff.load(directory, device="cpu")
+
+
+@pytest.mark.parametrize("everywhere", [False, True], ids=["one-header-i32", "all-integer"])
+def test_integer_tensors_are_no_longer_cast_and_run(tmp_path, everywhere):
+    """Before: an I32 header (the float bits read as integers) was cast to float and run: q_proj max ≈ 1e9."""
+    from test_bad_input import _all_integer, _header_dtype
+
+    directory = _copy_of_tiny(tmp_path)
+    if everywhere:
+        _all_integer(directory)
+    else:
+        _header_dtype(directory, "model.layers.0.self_attn.q_proj.weight", "I32")
+        theirs = AutoModelForCausalLM.from_pretrained(directory)
+        assert theirs.model.layers[0].self_attn.q_proj.weight.abs().max() > 1e8  # the earlier wrong number
+    with pytest.raises(LoadError, match=r"as I32.*floating point"):
+        quantdiff.load(directory, device="cpu")

@@ -21,7 +21,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 import quantdiff.attention.backend as attention
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
-from quantdiff.models.config_check import check_raw_sizes
+from quantdiff.models.config_check import check_heads, check_raw_sizes
 from quantdiff.models.stored import check_float_dtypes, read_config_json, stored_bytes, stored_tensors
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
@@ -55,7 +55,8 @@ def check_model_dir(path: str | Path) -> Path:
 
 def load_config(path: str | Path, trust_remote_code: bool = False):
     path = check_model_dir(path)
-    check_raw_sizes(read_config_json(path), path / "config.json")
+    raw = read_config_json(path)
+    check_raw_sizes(raw, path / "config.json")
     try:
         with quiet_load_report(logging.CRITICAL):
             config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
@@ -64,6 +65,7 @@ def load_config(path: str | Path, trust_remote_code: bool = False):
         raise LoadError(f"invalid config.json in {path}: {' '.join(str(cause).split())}") from None
     except (ValueError, KeyError, OSError, TypeError, AttributeError) as exc:
         raise LoadError(f"cannot read config.json in {path}: {' '.join(str(exc).split())}") from None
+    check_heads(config, raw, path / "config.json")
     remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
         raise LoadError(f"unsupported architecture {config.model_type!r}: not a transformers causal LM")
@@ -100,7 +102,7 @@ def load(
     config = load_config(path, trust_remote_code)
     attention.register()
     _check_uses_registry(config)
-    check_before_allocating(path, config, dtype, budget=None if device_map is not None else available_memory())
+    check_before_allocating(path, config, dtype, None if device_map is not None else available_memory(), trust_remote_code)
     # Mismatched shapes are reported by check_loading_report, in one line, instead of transformers' report.
     kwargs = dict(
         local_files_only=True, trust_remote_code=trust_remote_code, use_safetensors=True, attn_implementation=attention.BACKEND_NAME,
@@ -129,17 +131,18 @@ def skeleton(config, trust_remote_code: bool = False) -> PreTrainedModel:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
     except (ValueError, TypeError, AttributeError, KeyError, IndexError, ZeroDivisionError, RuntimeError) as exc:
-        raise LoadError(f"config.json does not describe a model transformers can build ({config.model_type}): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise LoadError(f"config.json does not describe a {config.model_type} model transformers can build: {reason}") from None
 
 
-def check_before_allocating(path: Path, config, dtype: torch.dtype | None, budget: int | None) -> None:
+def check_before_allocating(path: Path, config, dtype: torch.dtype | None, budget: int | None, trust_remote_code: bool = False) -> None:
     """From the headers of exactly the files that will load, before any weight is allocated: refuse integer
     weights, tensors that do not match the model `config` describes (a wrong hidden_size would otherwise
     allocate the larger model first), and a model larger than `budget` bytes of memory."""
     tensors = stored_tensors(path)
-    model = skeleton(config)
     if getattr(config, "quantization_config", None) is not None:
         return  # quantized storage: its packing decides dtypes and sizes (transformers' quantizer checks them)
+    model = skeleton(config, trust_remote_code)
     buffers = {name for name, _ in model.named_buffers()}
     check_float_dtypes(tensors, path, tolerated={n for n in tensors if n in buffers or _computed_buffer(model, n)})
     names = set(model.state_dict(keep_vars=True))
@@ -255,9 +258,10 @@ def _computed_buffer(model: torch.nn.Module, key: str) -> bool:
 
 
 def check_tensors(model: torch.nn.Module, stored: dict[str, tuple[int, ...]], where: str | Path) -> None:
-    """For quantdiff's own exports, which store the in-memory state_dict names: LoadError naming the first few
-    tensors the model has but `stored` lacks, has but the model does not, or has with another shape. Tied
-    weights need one stored copy; non-persistent buffers are not expected."""
+    """For tensors stored under the in-memory state_dict names (quantdiff's exports, and every checkpoint whose
+    names transformers does not convert): LoadError naming the first few tensors the model has but `stored`
+    lacks, has but the model does not, or has with another shape. Tied weights need one stored copy;
+    non-persistent buffers are not expected."""
     expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
     groups = _tied_groups(model)
     missing = [k for k in expected if not any(name in stored for name in groups.get(k, {k}))]

@@ -170,3 +170,15 @@ def test_stats_json_and_quantize_record_the_source(smollm2_dir, tmp_path):
     summary = export_quantized(smollm2_dir, tmp_path / "q", parse_export("absmax", 8))
     section = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
     assert summary.description["source"]["quantization"] == section["source"]["quantization"] == "Q4_1"
+
+
+def test_eval_json_and_info_name_the_source(smollm2_dir, tmp_path, capsys, monkeypatch):
+    (tmp_path / "words.txt").write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    main(["eval", str(wheel_file("smollm2")), "--task", "lm", "--data", str(tmp_path / "words.txt"), "--context", "16",
+          "--limit", "1", "--quiet", "--json", str(tmp_path / "e.json")])
+    doc = json.loads((tmp_path / "e.json").read_text())
+    name = "SmolLM2-135M-Instruct.Q4_1.gguf"  # a GGUF path is named by its file, not by the cache directory
+    assert doc["cells"][0]["model"] == name and doc["sources"] == {name: model_source(smollm2_dir)}
+    monkeypatch.setenv("COLUMNS", "200")
+    main(["info", "smollm2"])
+    assert "GGUF Q4_1, dequantized to float32" in capsys.readouterr().out

@@ -83,6 +83,7 @@ def test_weights_equal_an_independent_dequantization(smollm2_dir, reader, gguf_n
     assert torch.equal(stored, torch.from_numpy(np.array(expected)))
 
 
+@pytest.mark.slow
 def test_smollm2_loads_and_predicts(smollm2_dir):
     """Through the public API by name; the model continues a common phrase as a trained LM would."""
     import quantdiff
@@ -158,6 +159,7 @@ def test_unreadable_gguf_is_one_line_and_leaves_no_cache_entry(tmp_path, cache, 
     assert not cache.exists() or not any(cache.iterdir())
 
 
+@pytest.mark.slow
 def test_stats_json_and_quantize_record_the_source(smollm2_dir, tmp_path):
     """Every output says what was measured: the dequantized model of a Q4_1 GGUF file."""
     (tmp_path / "words.txt").write_text("The quick brown fox jumps over the lazy dog. " * 20)
@@ -172,6 +174,7 @@ def test_stats_json_and_quantize_record_the_source(smollm2_dir, tmp_path):
     assert summary.description["source"]["quantization"] == section["source"]["quantization"] == "Q4_1"
 
 
+@pytest.mark.slow
 def test_eval_json_and_info_name_the_source(smollm2_dir, tmp_path, capsys, monkeypatch):
     (tmp_path / "words.txt").write_text("The quick brown fox jumps over the lazy dog. " * 40)
     main(["eval", str(wheel_file("smollm2")), "--task", "lm", "--data", str(tmp_path / "words.txt"), "--context", "16",

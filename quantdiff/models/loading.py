@@ -162,12 +162,10 @@ def check_before_allocating(path: Path, config, dtype: torch.dtype | None, budge
         raise LoadError(f"{path} needs {size / 1e9:.1f} GB of memory, {budget / 1e9:.1f} GB are available")
 
 
-def available_memory() -> int | None:
-    """Bytes of memory this machine can still give (None when unknown)."""
-    try:
-        import psutil
-    except ImportError:
-        return None
+def available_memory() -> int:
+    """Bytes of memory this machine can still give (psutil comes with accelerate)."""
+    import psutil
+
     return int(psutil.virtual_memory().available)
 
 

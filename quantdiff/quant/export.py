@@ -16,6 +16,7 @@ from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.atomic import json_text, signals_deferred
 from quantdiff.core.savedir import MARKER, atomic_dir, check_target
 from quantdiff.models.loading import PICKLE_SUFFIXES, load
+from quantdiff.models.source import model_source
 from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors
 from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets
 
@@ -77,6 +78,7 @@ def export_quantized(
         "attention": None if attention is None else attention.to_dict(),
         "quantdiff_version": __version__,
         "trust_remote_code": trust_remote_code,
+        "source": model_source(source),  # a GGUF file: the export quantizes its dequantized weights
     }
 
     tensors = _plain_tensors(model, {f"{fqn}.weight" for fqn in chosen})

@@ -208,3 +208,87 @@ def test_symlinks_are_written_through_and_special_files_refused(tmp_path):
         with pytest.raises(ConfigError, match="not a regular file"):
             writable_target(special)
     assert Path("/dev/null").is_char_device()
+
+
+# ---- Signals, invalid cells, resume state, bounds --------------------------------------------------------
+
+# Runs `quantdiff ARGS...`, printing "READY" and pausing at one point of the run: "import" as torch starts to
+# import (start-up), "load" as the model is loaded, "collect" after the first batch was measured (mid-run).
+SIGNAL_DRIVER = textwrap.dedent(
+    """
+    import builtins, sys, time
+
+    def ready():
+        print("READY", flush=True)
+        time.sleep(300)
+
+    point, args = sys.argv[1], sys.argv[2:]
+    if point == "import":
+        real_import = builtins.__import__
+
+        def importing(name, *rest, **kwargs):
+            if name == "torch" and "torch" not in sys.modules:
+                ready()
+            return real_import(name, *rest, **kwargs)
+
+        builtins.__import__ = importing
+    else:
+        import quantdiff.quant.checkpoint as checkpoint
+        import quantdiff.stats.collect as collect
+
+        if point == "load":
+            real_load = checkpoint.load
+            checkpoint.load = lambda *a, **k: (ready(), real_load(*a, **k))[1]
+        else:
+            real_run = collect.StatsCollector.run
+
+            def run(self, *a, **k):
+                real_run(self, *a, **k)
+                ready()
+
+            collect.StatsCollector.run = run
+    from quantdiff.cli.app import main
+    main(args)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "point, signum",
+    [("import", signal.SIGINT), ("load", signal.SIGTERM), ("collect", signal.SIGINT), ("collect", signal.SIGTERM)],
+    ids=["sigint-during-imports", "sigterm-during-load", "sigint-mid-run", "sigterm-mid-run"],
+)
+def test_a_signal_gives_its_exit_code_one_line_and_no_output(tmp_path, point, signum):
+    src = tmp_path / "src"
+    shutil.copytree(SOURCE, src)
+    before = tree_hashes(tmp_path)
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
+    args = ["stats", str(src), "--tokens", "512", "--batch-size", "1", "--seq-len", "64", "--quiet",
+            "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path / "plots")]
+    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_DRIVER, point, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, (proc.returncode, err)
+    assert out == "" and err.splitlines() == [f"error: {'interrupted' if name == 'SIGINT' else 'terminated'} by {name}"], err
+    assert tree_hashes(tmp_path) == before  # no JSON, no plots, no temporaries; the source untouched
+
+
+def test_a_typer_exit_code_is_not_dropped(monkeypatch):
+    """Outside standalone mode click returns the code of typer.Exit (and of a Ctrl-C it caught): main exits with it."""
+    import typer
+
+    import quantdiff.cli.commands.info as info
+
+    def leave() -> None:
+        raise typer.Exit(4)
+
+    monkeypatch.setattr(info, "info", leave)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["info"])
+    assert exit_info.value.code == 4

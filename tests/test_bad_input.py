@@ -242,13 +242,13 @@ def test_stats_on_nan_weights_writes_strict_json_and_flags_the_table(tmp_path, c
     src = _nan_model(tmp_path, tensor)
     monkeypatch.setenv("COLUMNS", "80")  # a pipe: rows must still be whole
     main(["stats", str(src), "--tokens", "256", "--json", str(tmp_path / "s.json")])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     doc = json.loads((tmp_path / "s.json").read_text(), parse_constant=_refuse_constant)
     block = doc["models"][0]["attention_logits"]
     nan = block["nonfinite"]["nan"]
     share = nan / (nan + block["nonfinite"]["inf"] + block["count"])
     assert nan > 0 and (block["median"] is None or math.isfinite(block["median"]))
-    assert f"warning: nan: {share:.1%} of attention logits were non-finite ({nan:,} NaN" in out, out
+    assert f"warning: nan: {share:.1%} of attention logits were non-finite ({nan:,} NaN" in err, err
     # A whole table row on one line although stdout is not a terminal: label, model, six numbers, the count.
     row = next(line for line in out.splitlines() if "attention logits" in line and "│" in line)
     assert row.count("│") == 10 and f"{nan:,} NaN, 0 Inf ({share:.1%})" in row, row

@@ -292,3 +292,50 @@ def test_a_typer_exit_code_is_not_dropped(monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         main(["info"])
     assert exit_info.value.code == 4
+
+
+def _all_nan_model(tmp_path: Path) -> Path:
+    from tests.test_bad_input import _nan_model
+
+    return _nan_model(tmp_path, "model.embed_tokens.weight")
+
+
+def test_non_finite_logits_make_sweep_cells_invalid_not_chance(tmp_path, capsys):
+    """An all-NaN model once scored acc 0.25 (argmax over NaN picks a token anyway); now null and flagged."""
+    src = _all_nan_model(tmp_path)
+    json_path, plot = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    main(["sweep", str(src), "--task", "choice", "--limit", "4", "--bits", "4", "--quiet", "--json", str(json_path), "--plot", str(plot)])
+    out, err = capsys.readouterr()
+    cells = json.loads(json_path.read_text())["cells"]
+    assert len(cells) == 2 and all(c["acc"] is None and c["acc_norm"] is None and c["valid"] is False for c in cells)
+    assert all(c["nonfinite_logits"] > 0 and c["items"] == 4 for c in cells)
+    assert err.count("warning: ") == 2 and "non-finite logits" in err  # on stderr although --quiet
+    assert "invalid" in out and "0.25" not in out
+    assert plot.stat().st_size > 0  # the chart copes with cells that have no value
+
+
+def test_non_finite_logits_make_eval_lm_invalid_not_zero(tmp_path, capsys):
+    """`eval --task lm` once reported accuracy 0.0 as if valid."""
+    from quantdiff.eval.sweep import cells_from_json
+
+    src = _all_nan_model(tmp_path)
+    main(["eval", str(src), "--task", "lm", "--limit", "2", "--quiet", "--json", str(tmp_path / "e.json")])
+    doc = json.loads((tmp_path / "e.json").read_text())
+    (cell,) = doc["cells"]
+    assert cell["accuracy"] is None and cell["loss"] is None and cell["valid"] is False
+    (back,) = cells_from_json(doc)
+    assert not back.valid and "valid" not in back.metrics
+    assert "warning:" in capsys.readouterr().err
+
+
+def test_finite_logits_keep_cells_valid(tmp_path):
+    from quantdiff.eval.scoring import counting_scored_logits, note_scored
+
+    import torch
+
+    with counting_scored_logits() as scored:
+        note_scored(torch.tensor([[0.0, 1.0], [float("inf"), 0.0], [0.0, float("nan")]]))
+    assert (scored.total, scored.nonfinite) == (3, 2)
+    main(["eval", "tiny/diff", "--task", "lm", "--limit", "2", "--quiet", "--json", str(tmp_path / "e.json")])
+    (cell,) = json.loads((tmp_path / "e.json").read_text())["cells"]
+    assert cell["valid"] is True and cell["nonfinite_logits"] == 0 and 0 < cell["accuracy"] < 1

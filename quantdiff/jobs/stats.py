@@ -104,7 +104,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     """
     from quantdiff.core.atomic import write_json
     from quantdiff.quant.checkpoint import load
-    from quantdiff.report.stats_report import render, write_plots
+    from quantdiff.report.stats_report import render, warn_nonfinite, write_plots
     from quantdiff.stats.schema import document, model_entry
 
     from transformers.utils import logging as hf_logging
@@ -141,6 +141,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
         write_json(options.json_path, doc)
     if options.plot_dir is not None:
         write_plots(options.plot_dir, named)
+    warn_nonfinite(doc)
     if not quiet:
         render(doc, per_layer=per_layer)  # its console prints whole rows when piped
     return doc

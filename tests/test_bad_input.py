@@ -213,13 +213,14 @@ def test_unexpected_exceptions_become_one_internal_error_line(monkeypatch, capsy
 
 def test_corrupt_training_checkpoint_is_one_load_error(tmp_path):
     from quantdiff.train.loop import Checkpoint
+    from quantdiff.train.recipe import load_recipe
 
     checkpoint = Checkpoint(tmp_path)
     checkpoint.dir.mkdir()
     for text in ("{truncated", "[]", '{"step": 3}'):
         (checkpoint.dir / "state.json").write_text(text)
         with pytest.raises(LoadError, match="corrupt training checkpoint") as info:
-            checkpoint.load_state()
+            checkpoint.load_state(load_recipe("tiny"))
         assert "\n" not in str(info.value)
     (checkpoint.dir / "standard.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
     with pytest.raises(LoadError, match="corrupt training checkpoint"):

@@ -339,3 +339,106 @@ def test_finite_logits_keep_cells_valid(tmp_path):
     main(["eval", "tiny/diff", "--task", "lm", "--limit", "2", "--quiet", "--json", str(tmp_path / "e.json")])
     (cell,) = json.loads((tmp_path / "e.json").read_text())["cells"]
     assert cell["valid"] is True and cell["nonfinite_logits"] == 0 and 0 < cell["accuracy"] < 1
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory):
+    """A run of test_train's recipe stopped after step 3 of 6 (checkpoint saved), on its synthetic corpus."""
+    from quantdiff.data import corpus
+    from quantdiff.train.loop import train_pair
+    from quantdiff.train.recipe import parse_recipe
+    from tests.test_train import RECIPE, synthetic_corpus
+
+    root = tmp_path_factory.mktemp("interrupted")
+    (root / "r.toml").write_text(RECIPE)
+    with pytest.MonkeyPatch.context() as patch:
+        synthetic_corpus.__wrapped__(patch)
+        assert train_pair(parse_recipe(RECIPE, "r"), root / "run", stop_after=3, console=_silent()) is None
+    return root
+
+
+def _silent():
+    from rich.console import Console
+
+    return Console(quiet=True)
+
+
+def _state_edit(**fields):
+    def edit(run: Path) -> None:
+        path = run / ".checkpoint" / "state.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+    return edit
+
+
+def _remove_tokenizer(run: Path) -> None:
+    shutil.rmtree(run / ".checkpoint" / "tokenizer")
+
+
+RESUME_CASES = [
+    ("step-negative", _state_edit(step=-50), "step -50 is not a whole number in 0..6"),
+    ("step-beyond-recipe", _state_edit(step=10**9), "step 1000000000 is not a whole number in 0..6"),
+    ("step-string", _state_edit(step="abc"), "step 'abc'"),
+    ("step-not-its-curves", _state_edit(step=2), "loss of standard must hold one number per step (2)"),
+    ("loss-string", _state_edit(loss="nope"), "loss must map standard and diff to lists"),
+    ("loss-entry-string", _state_edit(loss={"standard": ["x"] * 3, "diff": [1.0] * 3}), "loss of standard"),
+    ("held-out-wrong-steps", _state_edit(held_out={"standard": [[2, 1.0]], "diff": [[3, 1.0]]}), "held_out of standard"),
+    ("elapsed-negative", _state_edit(elapsed_s=-1), "elapsed_s -1"),
+    ("unknown-field", _state_edit(extra=1), "unknown field 'extra'"),
+    ("tokenizer-removed", _remove_tokenizer, "its tokenizer does not load"),
+]
+
+
+@pytest.mark.parametrize("edit, message", [c[1:] for c in RESUME_CASES], ids=[c[0] for c in RESUME_CASES])
+def test_a_resumed_state_is_checked_against_the_recipe(interrupted_run, tmp_path, capsys, monkeypatch, edit, message):
+    """A step of −50 once trained 56 steps, and 10⁹ saved the 3-step model as the finished pair: now refused."""
+    from tests.test_train import synthetic_corpus
+
+    synthetic_corpus.__wrapped__(monkeypatch)
+    shutil.copytree(interrupted_run, tmp_path / "w")
+    run = tmp_path / "w" / "run"
+    edit(run)
+    before = tree_hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", str(tmp_path / "w" / "r.toml"), "--out", str(run)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: corrupt training checkpoint") and message in err, err
+    assert "Traceback" not in err and tree_hashes(tmp_path) == before  # no pair saved, checkpoint untouched
+
+
+def test_a_resumed_state_as_written_still_resumes(interrupted_run, tmp_path, monkeypatch):
+    """The checks accept what a run writes, a diverged step's null loss included (read back as NaN)."""
+    import math
+
+    from quantdiff.train.loop import Checkpoint
+    from quantdiff.train.recipe import parse_recipe
+    from tests.test_train import RECIPE
+
+    shutil.copytree(interrupted_run, tmp_path / "w")
+    checkpoint = Checkpoint(tmp_path / "w" / "run")
+    state = json.loads((checkpoint.dir / "state.json").read_text())
+    assert state["step"] == 3 and len(state["loss"]["diff"]) == 3
+    state["loss"]["diff"][1] = None
+    (checkpoint.dir / "state.json").write_text(json.dumps(state))
+    loaded = checkpoint.load_state(parse_recipe(RECIPE, "r"))
+    assert loaded["step"] == 3 and math.isnan(loaded["loss"]["diff"][1])
+
+
+def test_needle_documents_are_checked_in_tokens_before_training(tmp_path, capsys, monkeypatch):
+    """A recipe that fits at one token per word, but not in the trained tokenizer's tokens (a 300-token vocabulary
+    splits needle words): refused before any step, where it once failed in training or after it."""
+    from quantdiff.train.recipe import parse_recipe
+    from tests.test_train import RECIPE, synthetic_corpus
+
+    synthetic_corpus.__wrapped__(monkeypatch)
+    small = RECIPE.replace("seq_len = 160", "seq_len = 40")
+    parse_recipe(small, "r")  # passes the word-level check
+    (tmp_path / "r.toml").write_text(small)
+    before = tree_hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", str(tmp_path / "r.toml"), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and len(err.splitlines()) == 1, err
+    assert "cannot hold" in err and "tokens of the trained tokenizer" in err
+    assert tree_hashes(tmp_path) == before

@@ -82,9 +82,11 @@ def _fifo(tmp: Path) -> None:
     os.mkfifo(tmp / "pipe.json")
 
 
+_RECIPE_BASE = "[model]\nhidden_size = 64\nnum_layers = 2\nnum_heads = 4\nvocab_size = 300\nmax_position_embeddings = 64\n"
+
+
 def _recipe(text: str):
-    base = "[model]\nhidden_size = 64\nnum_layers = 2\nnum_heads = 4\nvocab_size = 300\nmax_position_embeddings = 64\n"
-    return lambda tmp: (tmp / "r.toml").write_text(base + "[train]\nsteps = 4\nbatch_size = 2\nseq_len = 32\n" + text)
+    return lambda tmp: (tmp / "r.toml").write_text(_RECIPE_BASE + "[train]\nsteps = 4\nbatch_size = 2\nseq_len = 32\n" + text)
 
 
 def _run_dir_not_ours(tmp: Path) -> None:
@@ -155,6 +157,27 @@ if not torch.cuda.is_available():
         ("sweep-device-cuda-without-gpu", ["sweep", "{src}", "--device", "cuda:0"], None, None, "CUDA is not available"),
     ]
 
+
+# Signals, invalid cells, resume state, bounds: devices this machine lacks, sizes beyond its memory (refused
+# before allocating), a directory given as --data, recipes that leave the models' sizes to defaults.
+_ABSENT_ACCELERATORS = [name for name in ("mps", "xpu") if not getattr(torch, name).is_available()]
+CASES += [
+    (f"{command}-device-{name}-absent", [command, "{src}", "--device", name], None, None, f"{name.upper()} is not available")
+    for command, name in zip(("stats", "sweep", "info", "eval"), _ABSENT_ACCELERATORS * 2)
+]
+CASES += [
+    ("stats-top-k-beyond-memory", ["stats", "{src}", "--top-k", str(10**12)], None, None, "--top-k 1,000,000,000,000"),
+    ("pair-hidden-size-beyond-memory", ["pair", "{tmp}/p", "--hidden-size", str(10**9)], None, None, "more than the"),
+    ("pair-vocab-size-beyond-memory", ["pair", "{tmp}/p", "--vocab-size", str(10**12)], None, None, "of memory of this machine"),
+    ("train-vocab-beyond-memory", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None,
+     lambda t: (t / "r.toml").write_text(_RECIPE_BASE.replace("vocab_size = 300", f"vocab_size = {10**12}")), "[model] training a pair"),
+    ("stats-data-is-a-directory", ["stats", "{src}", "--data", "{tmp}"], None, None, "--data is a directory, not a file"),
+    ("sweep-data-is-a-directory", ["sweep", "{src}", "--task", "lm", "--data", "{tmp}"], None, None, "--data is a directory, not a file"),
+    ("train-empty-recipe", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, lambda t: (t / "r.toml").write_text(""),
+     "[model] must set hidden_size, num_layers"),
+    ("train-recipe-without-width", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None,
+     lambda t: (t / "r.toml").write_text(_RECIPE_BASE.replace("hidden_size = 64\n", "")), "[model] must set hidden_size"),
+]
 
 def _argv(template: list[str], src: Path, tmp: Path) -> list[str]:
     return [a.replace("{src}", str(src)).replace("{tmp}", str(tmp)) for a in template]

@@ -442,3 +442,10 @@ def test_needle_documents_are_checked_in_tokens_before_training(tmp_path, capsys
     assert exit_info.value.code == 1 and len(err.splitlines()) == 1, err
     assert "cannot hold" in err and "tokens of the trained tokenizer" in err
     assert tree_hashes(tmp_path) == before
+
+
+def test_quiet_still_warns_of_non_finite_activations_on_stderr(tmp_path, capsys):
+    src = _all_nan_model(tmp_path)
+    main(["stats", str(src), "--tokens", "64", "--quiet", "--json", str(tmp_path / "s.json")])
+    out, err = capsys.readouterr()
+    assert out == "" and "warning: nan: 100.0% of attention logits were non-finite" in err, err

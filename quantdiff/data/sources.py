@@ -103,6 +103,17 @@ def _need(tokenize: Tokenize | None, source: str) -> Tokenize:
     return tokenize
 
 
+def check_data_file(path: str | Path, flag: str = "--data") -> None:
+    """A data path must be an existing regular file: the reason otherwise (missing, a directory, a device)."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{flag} file not found: {path}")
+    if path.is_dir():
+        raise DataError(f"{flag} is a directory, not a file: {path}")
+    if not path.is_file():
+        raise DataError(f"{flag} is not a regular file: {path}")
+
+
 def read_text(path: Path) -> str:
     """A UTF-8 text file's contents; DataError with a one-line reason if missing, unreadable or empty."""
     try:

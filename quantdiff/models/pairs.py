@@ -14,6 +14,7 @@ import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from quantdiff.core.errors import ConfigError
+from quantdiff.core.memory import check_fits
 
 KINDS = ("standard", "diff")
 
@@ -46,6 +47,20 @@ class SizePreset:
             raise ConfigError(f"num_kv_heads={kv} is odd: DiffLlama splits V across KV heads, so it must be even")
         if (self.hidden_size // self.num_heads) % 2:
             raise ConfigError("head dimension must be even for rotary embeddings")
+
+    def parameter_estimate(self) -> int:
+        """Parameters of the standard model from the sizes alone (Diff adds a few λ vectors): embeddings, output
+        layer unless tied, and per layer the attention projections, the SwiGLU MLP and two norms."""
+        head_dim = self.hidden_size // self.num_heads
+        kv_width = (self.num_kv_heads or self.num_heads) * head_dim
+        attention = 2 * self.hidden_size * self.hidden_size + 2 * self.hidden_size * kv_width
+        layer = attention + 3 * self.hidden_size * self.intermediate + 2 * self.hidden_size
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return embeddings + self.num_layers * layer + self.hidden_size
+
+    def check_memory(self, copies: int, what: str) -> None:
+        """Refuse, before building anything, sizes whose `copies` float32 copies of both models cannot fit."""
+        check_fits(len(KINDS) * copies * 4 * self.parameter_estimate(), what)
 
     @property
     def intermediate(self) -> int:
@@ -88,7 +103,9 @@ def build_model(config: LlamaConfig | DiffLlamaConfig, seed: int = 0, attn_imple
 
 def build_pair(preset: SizePreset, seed: int = 0, attn_implementation: str = "sdpa") -> dict[str, PreTrainedModel]:
     """Both kinds, each initialised from the same seed."""
-    return {kind: build_model(cfg, seed, attn_implementation) for kind, cfg in pair_configs(preset).items()}
+    configs = pair_configs(preset)  # validates the sizes
+    preset.check_memory(1, f"a pair of {preset.parameter_estimate():,}-parameter models")
+    return {kind: build_model(cfg, seed, attn_implementation) for kind, cfg in configs.items()}
 
 
 def lambda_parameter_count(model: PreTrainedModel) -> int:

@@ -32,6 +32,7 @@ from quantdiff.quant.registry import method_name, site_name
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 DTYPES = ("float32", "bf16")
+MODEL_KEYS = ("hidden_size", "num_layers", "num_heads", "vocab_size", "max_position_embeddings")  # no defaults
 
 
 @dataclass(frozen=True)
@@ -148,12 +149,19 @@ def parse_recipe(source: str, name: str) -> Recipe:
     if unknown:
         raise ConfigError(f"unknown section [{unknown[0]}] in recipe {name} (known: data, model, train, tasks, analysis)")
     model_table = doc.get("model", {})
+    if not isinstance(model_table, dict):
+        raise ConfigError(f"recipe {name}: [model] must be a table")
+    missing = [key for key in MODEL_KEYS if key not in model_table]
+    if missing:  # defaults would silently pick the size of the models the whole run is about
+        raise ConfigError(f"recipe {name}: [model] must set {', '.join(missing)}")
     model = preset_from_dict(model_table)  # rejects unknown keys
     for key, value in model_table.items():
         default = getattr(SizePreset(), key)
         if not _type_ok(value, 0 if default is None else default):
             raise ConfigError(f"[model] {key} must be a number, got {value!r}")
     model.validate()
+    # Training holds weights, gradients and AdamW's two moments of both models.
+    model.check_memory(4, f"[model] training a pair of {model.parameter_estimate():,}-parameter models")
     sections = {key: _section(cls, key, doc.get(key, {})) for key, cls in SECTIONS.items()}
     recipe = Recipe(name=name, source=source, model=model, **sections)
     _check(recipe)

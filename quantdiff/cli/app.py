@@ -18,6 +18,7 @@ import importlib
 import os
 import signal
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -51,9 +52,13 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
 def _signals_raise_interrupted() -> Iterator[None]:
     """Install the handler for the run, then restore the caller's (tests call main in-process).
 
-    A signal the parent set to be ignored (nohup, a background job) stays ignored."""
-    previous = {signum: signal.getsignal(signum) for signum in HANDLED_SIGNALS}
+    A signal the parent set to be ignored (nohup, a background job) stays ignored. Python runs handlers in the
+    main thread only, so main() called from another thread leaves them alone."""
     _received.clear()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in HANDLED_SIGNALS}
     for signum, handler in previous.items():
         if handler is not signal.SIG_IGN:
             signal.signal(signum, _raise_interrupted)

@@ -173,7 +173,8 @@ def _plot_into(directory: Path, tmp: Path, named: Sequence[tuple[str, ModelStats
             keep = (hist > 0) & (ccdf > 0) & (mids > 0)
             ax.loglog(mids[keep].tolist(), ccdf[keep].tolist(), label=name)
         ax.set(xlabel="|x|", ylabel="P(|X| > x)", title=f"{label}: |x| CCDF")
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # no model had a finite value: an empty chart, no matplotlib warning
+            ax.legend()
         names.append(_save(fig, tmp / f"ccdf_{key}.png", plt))
     out = []
     for path in names:

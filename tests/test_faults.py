@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -304,12 +305,16 @@ def test_non_finite_logits_make_sweep_cells_invalid_not_chance(tmp_path, capsys)
     """An all-NaN model once scored acc 0.25 (argmax over NaN picks a token anyway); now null and flagged."""
     src = _all_nan_model(tmp_path)
     json_path, plot = tmp_path / "sweep.json", tmp_path / "sweep.png"
-    main(["sweep", str(src), "--task", "choice", "--limit", "4", "--bits", "4", "--quiet", "--json", str(json_path), "--plot", str(plot)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["sweep", str(src), "--task", "choice", "--limit", "4", "--bits", "4", "--quiet", "--json", str(json_path), "--plot", str(plot)])
+    assert not [w for w in caught if "legend" in str(w.message)]
     out, err = capsys.readouterr()
     cells = json.loads(json_path.read_text())["cells"]
     assert len(cells) == 2 and all(c["acc"] is None and c["acc_norm"] is None and c["valid"] is False for c in cells)
     assert all(c["nonfinite_logits"] > 0 and c["items"] == 4 for c in cells)
     assert err.count("warning: ") == 2 and "non-finite logits" in err  # on stderr although --quiet
+    assert all(line.startswith("warning: ") for line in err.splitlines()), err
     assert "invalid" in out and "0.25" not in out
     assert plot.stat().st_size > 0  # the chart copes with cells that have no value
 
@@ -446,6 +451,11 @@ def test_needle_documents_are_checked_in_tokens_before_training(tmp_path, capsys
 
 def test_quiet_still_warns_of_non_finite_activations_on_stderr(tmp_path, capsys):
     src = _all_nan_model(tmp_path)
-    main(["stats", str(src), "--tokens", "64", "--quiet", "--json", str(tmp_path / "s.json")])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["stats", str(src), "--tokens", "64", "--quiet", "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path / "plots")])
+    assert not [w for w in caught if "legend" in str(w.message)]
     out, err = capsys.readouterr()
     assert out == "" and "warning: nan: 100.0% of attention logits were non-finite" in err, err
+    assert all(line.startswith("warning: ") for line in err.splitlines()), err  # the plots cope, silently
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 4

@@ -94,6 +94,14 @@ def pair_configs(preset: SizePreset) -> dict[str, LlamaConfig | DiffLlamaConfig]
     return {"standard": LlamaConfig(**kwargs), "diff": DiffLlamaConfig(lambda_std_dev=0.1, **kwargs)}
 
 
+SEEDS = range(0, 2**64)  # what torch.manual_seed accepts (negative seeds are folded onto these)
+
+
+def check_seed(seed: int, what: str = "seed") -> None:
+    if seed not in SEEDS:
+        raise ConfigError(f"{what} must be in 0..2**64 - 1, got {seed}")
+
+
 def build_model(config: LlamaConfig | DiffLlamaConfig, seed: int = 0, attn_implementation: str = "sdpa") -> PreTrainedModel:
     """A freshly initialised model; `config` is deep-copied because `_from_config` mutates it."""
     cls = DiffLlamaForCausalLM if isinstance(config, DiffLlamaConfig) else LlamaForCausalLM
@@ -104,6 +112,7 @@ def build_model(config: LlamaConfig | DiffLlamaConfig, seed: int = 0, attn_imple
 def build_pair(preset: SizePreset, seed: int = 0, attn_implementation: str = "sdpa") -> dict[str, PreTrainedModel]:
     """Both kinds, each initialised from the same seed."""
     configs = pair_configs(preset)  # validates the sizes
+    check_seed(seed)
     preset.check_memory(1, f"a pair of {preset.parameter_estimate():,}-parameter models")
     return {kind: build_model(cfg, seed, attn_implementation) for kind, cfg in configs.items()}
 

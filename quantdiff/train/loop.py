@@ -116,7 +116,7 @@ def make_batch(step: int, data: PairData, recipe: Recipe) -> tuple[torch.Tensor,
     B, T = cfg.batch_size, cfg.seq_len
     first = int(data.bos_id is not None)  # row position where text starts
     body = T + 1 - first
-    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    generator = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) % 2**64)  # any valid seed: within torch's range
     is_needle = torch.rand(B, generator=generator) < recipe.data.retrieval_fraction
     starts = torch.randint(0, len(data.train_ids) - body, (B,), generator=generator)  # drawn for every row: fixed RNG use
     rows = torch.full((B, T + 1), data.tokenizer.pad_token_id, dtype=torch.long)

@@ -26,7 +26,7 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.data.needles import VALUE_LENGTH, min_document_tokens
 from quantdiff.data.corpus import CORPORA
 from quantdiff.models.names import ASSETS
-from quantdiff.models.pairs import SizePreset, preset_from_dict
+from quantdiff.models.pairs import SizePreset, check_seed, preset_from_dict
 from quantdiff.quant.numerics import check_bits
 from quantdiff.quant.registry import method_name, site_name
 
@@ -179,6 +179,7 @@ def _check(recipe: Recipe) -> None:
         raise ConfigError("[data] retrieval_value_words_start and retrieval_max_needles must be at least 1")
     if not 0 < data.held_out_fraction < 1 or not 0 <= data.retrieval_fraction <= 1:
         raise ConfigError("held_out_fraction must be in (0, 1) and retrieval_fraction in [0, 1]")
+    check_seed(train.seed, "[train] seed")
     if train.dtype not in DTYPES:
         raise ConfigError(f"[train] dtype must be one of {', '.join(DTYPES)}, got {train.dtype!r}")
     if min(train.steps, train.batch_size, train.seq_len, train.checkpoint_every, train.log_every, train.eval_every) <= 0:

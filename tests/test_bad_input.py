@@ -173,6 +173,7 @@ CASES += [
      lambda t: (t / "r.toml").write_text(_RECIPE_BASE.replace("vocab_size = 300", f"vocab_size = {10**12}")), "[model] training a pair"),
     ("pair-seed-beyond-torch", ["pair", "{tmp}/p", "--seed", str(10**20)], None, None, "--seed must be in 0..2**64 - 1"),
     ("train-negative-seed", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("seed = -1\n"), "[train] seed must be in"),
+    ("stats-tokens-beyond-memory", ["stats", "{src}", "--data", "builtin:retrieval", "--tokens", str(10**15)], None, None, "--tokens 1,000,000,000,000,000"),
     ("stats-data-is-a-directory", ["stats", "{src}", "--data", "{tmp}"], None, None, "--data is a directory, not a file"),
     ("sweep-data-is-a-directory", ["sweep", "{src}", "--task", "lm", "--data", "{tmp}"], None, None, "--data is a directory, not a file"),
     ("train-empty-recipe", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, lambda t: (t / "r.toml").write_text(""),

@@ -20,12 +20,14 @@ from typing import Callable
 import torch
 
 from quantdiff.core.errors import DataError
+from quantdiff.core.memory import check_fits
 
 BUILTIN_CORPUS = "builtin:corpus"
 BUILTIN_RETRIEVAL = "builtin:retrieval"
 BUILTINS = (BUILTIN_CORPUS, BUILTIN_RETRIEVAL)
 TEXT_CHUNK_CHARS = 1 << 20  # tokenize long texts piecewise, stopping once the budget is reached
 RETRIEVAL_NEEDLES = 4
+BATCH_BYTES_PER_TOKEN = 16  # int64 id and int64 attention mask
 RETRIEVAL_SEED = 0
 
 Tokenize = Callable[[str], list[int]]
@@ -55,6 +57,7 @@ def load_sequences(source: str, tokenize: Tokenize | None, tokens: int, seq_len:
     """
     if tokens < 1:
         raise DataError(f"--tokens must be positive, got {tokens}")
+    check_fits(tokens * BATCH_BYTES_PER_TOKEN, f"--tokens {tokens:,}")  # every batch is held until the run ends
     if seq_len < 1:
         raise DataError(f"--seq-len must be positive, got {seq_len}")
     if source in BUILTINS:

@@ -27,8 +27,8 @@ BUILTIN_RETRIEVAL = "builtin:retrieval"
 BUILTINS = (BUILTIN_CORPUS, BUILTIN_RETRIEVAL)
 TEXT_CHUNK_CHARS = 1 << 20  # tokenize long texts piecewise, stopping once the budget is reached
 RETRIEVAL_NEEDLES = 4
-BATCH_BYTES_PER_TOKEN = 16  # int64 id and int64 attention mask
 RETRIEVAL_SEED = 0
+BATCH_BYTES_PER_TOKEN = 16  # int64 id and int64 attention mask
 
 Tokenize = Callable[[str], list[int]]
 

@@ -36,9 +36,8 @@ class TargetScore:
 
 @dataclass
 class ScoredLogits:
-    """Positions whose logits some metric used, and how many of them held a NaN or ±Inf."""
+    """How many positions whose logits some metric used held a NaN or ±Inf."""
 
-    total: int = 0
     nonfinite: int = 0
 
 
@@ -47,8 +46,8 @@ _scored: ContextVar[ScoredLogits | None] = ContextVar("scored_logits", default=N
 
 @contextmanager
 def counting_scored_logits() -> Iterator[ScoredLogits]:
-    """Count, while the block runs, the scored positions (every task scores through this module) and the
-    non-finite ones among them: an argmax or log-softmax over NaN still yields a plausible-looking number."""
+    """Count, while the block runs, the scored positions (every task scores through this module) whose logits
+    are not all finite: an argmax or log-softmax over NaN still yields a plausible-looking number."""
     counter = ScoredLogits()
     token = _scored.set(counter)
     try:
@@ -61,7 +60,6 @@ def note_scored(logits: torch.Tensor) -> None:
     """Record positions (..., V) whose logits a metric uses; only positions scored, never padding."""
     counter = _scored.get()
     if counter is not None:
-        counter.total += logits[..., 0].numel()
         counter.nonfinite += int((~torch.isfinite(logits)).any(dim=-1).sum())
 
 

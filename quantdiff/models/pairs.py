@@ -94,7 +94,7 @@ def pair_configs(preset: SizePreset) -> dict[str, LlamaConfig | DiffLlamaConfig]
     return {"standard": LlamaConfig(**kwargs), "diff": DiffLlamaConfig(lambda_std_dev=0.1, **kwargs)}
 
 
-SEEDS = range(0, 2**64)  # what torch.manual_seed accepts (negative seeds are folded onto these)
+SEEDS = range(2**64)  # torch.manual_seed's unsigned range
 
 
 def check_seed(seed: int, what: str = "seed") -> None:

@@ -59,7 +59,7 @@ def _check_fields(state: Any, recipe: Recipe) -> dict:
     for kind, curve in losses.items():
         if len(curve) != step or not all(_is_loss(v) for v in curve):
             raise ValueError(f"loss of {kind} must hold one number per step ({step})")
-    evals = [s for s in range(cfg.eval_every, step + 1, cfg.eval_every)]
+    evals = list(range(cfg.eval_every, step + 1, cfg.eval_every))
     held_out = _per_kind(state, "held_out")
     for kind, curve in held_out.items():
         pairs_ok = all(isinstance(p, list) and len(p) == 2 and _is_loss(p[1]) for p in curve)

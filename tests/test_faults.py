@@ -214,7 +214,7 @@ def test_symlinks_are_written_through_and_special_files_refused(tmp_path):
 # ---- Signals, invalid cells, resume state, bounds --------------------------------------------------------
 
 # Runs `quantdiff ARGS...`, printing "READY" and pausing at one point of the run: "import" as torch starts to
-# import (start-up), "load" as the model is loaded, "collect" after the first batch was measured (mid-run).
+# import (start-up), "collect" after the first batch was measured (mid-run).
 SIGNAL_DRIVER = textwrap.dedent(
     """
     import builtins, sys, time
@@ -234,20 +234,15 @@ SIGNAL_DRIVER = textwrap.dedent(
 
         builtins.__import__ = importing
     else:
-        import quantdiff.quant.checkpoint as checkpoint
         import quantdiff.stats.collect as collect
 
-        if point == "load":
-            real_load = checkpoint.load
-            checkpoint.load = lambda *a, **k: (ready(), real_load(*a, **k))[1]
-        else:
-            real_run = collect.StatsCollector.run
+        real_run = collect.StatsCollector.run
 
-            def run(self, *a, **k):
-                real_run(self, *a, **k)
-                ready()
+        def run(self, *a, **k):
+            real_run(self, *a, **k)
+            ready()
 
-            collect.StatsCollector.run = run
+        collect.StatsCollector.run = run
     from quantdiff.cli.app import main
     main(args)
     """
@@ -256,8 +251,8 @@ SIGNAL_DRIVER = textwrap.dedent(
 
 @pytest.mark.parametrize(
     "point, signum",
-    [("import", signal.SIGINT), ("load", signal.SIGTERM), ("collect", signal.SIGINT), ("collect", signal.SIGTERM)],
-    ids=["sigint-during-imports", "sigterm-during-load", "sigint-mid-run", "sigterm-mid-run"],
+    [("import", signal.SIGINT), ("import", signal.SIGTERM), ("collect", signal.SIGINT), ("collect", signal.SIGTERM)],
+    ids=["sigint-during-imports", "sigterm-during-imports", "sigint-mid-run", "sigterm-mid-run"],
 )
 def test_a_signal_gives_its_exit_code_one_line_and_no_output(tmp_path, point, signum):
     src = tmp_path / "src"

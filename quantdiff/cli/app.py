@@ -31,9 +31,9 @@ from quantdiff.core.errors import QuantdiffError
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class Interrupted(BaseException):
-    """A handled signal arrived. Not an Exception (like KeyboardInterrupt), so no `except Exception` swallows it,
-    and not a KeyboardInterrupt, which click would turn into a silent exit code."""
+class Interrupted(KeyboardInterrupt):
+    """A handled signal arrived. A KeyboardInterrupt, so no `except Exception` swallows it and cleanup written
+    for Ctrl-C runs for SIGTERM too; click turns it into a bare exit code, which `main` replaces by its line."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)

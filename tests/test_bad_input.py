@@ -82,9 +82,11 @@ def _fifo(tmp: Path) -> None:
     os.mkfifo(tmp / "pipe.json")
 
 
+_RECIPE_BASE = "[model]\nhidden_size = 64\nnum_layers = 2\nnum_heads = 4\nvocab_size = 300\nmax_position_embeddings = 64\n"
+
+
 def _recipe(text: str):
-    base = "[model]\nhidden_size = 64\nnum_layers = 2\nnum_heads = 4\nvocab_size = 300\nmax_position_embeddings = 64\n"
-    return lambda tmp: (tmp / "r.toml").write_text(base + "[train]\nsteps = 4\nbatch_size = 2\nseq_len = 32\n" + text)
+    return lambda tmp: (tmp / "r.toml").write_text(_RECIPE_BASE + "[train]\nsteps = 4\nbatch_size = 2\nseq_len = 32\n" + text)
 
 
 def _run_dir_not_ours(tmp: Path) -> None:
@@ -293,6 +295,30 @@ if not torch.cuda.is_available():
     ]
 
 
+# Signals, invalid cells, resume state, bounds: devices this machine lacks, sizes beyond its memory (refused
+# before allocating), a directory given as --data, recipes that leave the models' sizes to defaults.
+_ABSENT_ACCELERATORS = [name for name in ("mps", "xpu") if not getattr(torch, name).is_available()]
+CASES += [
+    (f"{command}-device-{name}-absent", [command, "{src}", "--device", name], None, None, f"{name.upper()} is not available")
+    for command, name in zip(("stats", "sweep", "info", "eval"), _ABSENT_ACCELERATORS * 2)
+]
+CASES += [
+    ("stats-top-k-beyond-memory", ["stats", "{src}", "--top-k", str(10**12)], None, None, "--top-k 1,000,000,000,000"),
+    ("pair-hidden-size-beyond-memory", ["pair", "{tmp}/p", "--hidden-size", str(10**9)], None, None, "more than the"),
+    ("pair-vocab-size-beyond-memory", ["pair", "{tmp}/p", "--vocab-size", str(10**12)], None, None, "of memory of this machine"),
+    ("train-vocab-beyond-memory", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None,
+     lambda t: (t / "r.toml").write_text(_RECIPE_BASE.replace("vocab_size = 300", f"vocab_size = {10**12}")), "[model] training a pair"),
+    ("pair-seed-beyond-torch", ["pair", "{tmp}/p", "--seed", str(10**20)], None, None, "--seed must be in 0..2**64 - 1"),
+    ("train-negative-seed", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("seed = -1\n"), "[train] seed must be in"),
+    ("stats-tokens-beyond-memory", ["stats", "{src}", "--data", "builtin:retrieval", "--tokens", str(10**15)], None, None, "--tokens 1,000,000,000,000,000"),
+    ("stats-data-is-a-directory", ["stats", "{src}", "--data", "{tmp}"], None, None, "--data is a directory, not a file"),
+    ("sweep-data-is-a-directory", ["sweep", "{src}", "--task", "lm", "--data", "{tmp}"], None, None, "--data is a directory, not a file"),
+    ("train-empty-recipe", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, lambda t: (t / "r.toml").write_text(""),
+     "[model] must set hidden_size, num_layers"),
+    ("train-recipe-without-width", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None,
+     lambda t: (t / "r.toml").write_text(_RECIPE_BASE.replace("hidden_size = 64\n", "")), "[model] must set hidden_size"),
+]
+
 def _argv(template: list[str], src: Path, tmp: Path) -> list[str]:
     return [a.replace("{src}", str(src)).replace("{tmp}", str(tmp)) for a in template]
 
@@ -350,13 +376,14 @@ def test_unexpected_exceptions_become_one_internal_error_line(monkeypatch, capsy
 
 def test_corrupt_training_checkpoint_is_one_load_error(tmp_path):
     from quantdiff.train.loop import Checkpoint
+    from quantdiff.train.recipe import load_recipe
 
     checkpoint = Checkpoint(tmp_path)
     checkpoint.dir.mkdir()
     for text in ("{truncated", "[]", '{"step": 3}'):
         (checkpoint.dir / "state.json").write_text(text)
         with pytest.raises(LoadError, match="corrupt training checkpoint") as info:
-            checkpoint.load_state()
+            checkpoint.load_state(load_recipe("tiny"))
         assert "\n" not in str(info.value)
     (checkpoint.dir / "standard.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
     with pytest.raises(LoadError, match="corrupt training checkpoint"):
@@ -379,13 +406,13 @@ def test_stats_on_nan_weights_writes_strict_json_and_flags_the_table(tmp_path, c
     src = _nan_model(tmp_path, tensor)
     monkeypatch.setenv("COLUMNS", "80")  # a pipe: rows must still be whole
     main(["stats", str(src), "--tokens", "256", "--json", str(tmp_path / "s.json")])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     doc = json.loads((tmp_path / "s.json").read_text(), parse_constant=_refuse_constant)
     block = doc["models"][0]["attention_logits"]
     nan = block["nonfinite"]["nan"]
     share = nan / (nan + block["nonfinite"]["inf"] + block["count"])
     assert nan > 0 and (block["median"] is None or math.isfinite(block["median"]))
-    assert f"warning: nan: {share:.1%} of attention logits were non-finite ({nan:,} NaN" in out, out
+    assert f"warning: nan: {share:.1%} of attention logits were non-finite ({nan:,} NaN" in err, err
     # A whole table row on one line although stdout is not a terminal: label, model, six numbers, the count.
     row = next(line for line in out.splitlines() if "attention logits" in line and "│" in line)
     assert row.count("│") == 10 and f"{nan:,} NaN, 0 Inf ({share:.1%})" in row, row

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -326,3 +327,248 @@ def test_ctrl_c_while_the_export_is_written_waits_for_the_write_then_leaves_noth
         export.export_quantized(SOURCE, tmp_path / "q", parse_export("absmax", "4", 6.0))
     assert finished == [True]  # the write was not cut inside library code
     assert list(tmp_path.iterdir()) == []  # no output, no temporary
+
+
+# ---- Signals, invalid cells, resume state, bounds --------------------------------------------------------
+
+# Runs `quantdiff ARGS...`, printing "READY" and pausing at one point of the run: "import" as torch starts to
+# import (start-up), "collect" after the first batch was measured (mid-run).
+SIGNAL_DRIVER = textwrap.dedent(
+    """
+    import builtins, sys, time
+
+    def ready():
+        print("READY", flush=True)
+        time.sleep(300)
+
+    point, args = sys.argv[1], sys.argv[2:]
+    if point == "import":
+        real_import = builtins.__import__
+
+        def importing(name, *rest, **kwargs):
+            if name == "torch" and "torch" not in sys.modules:
+                ready()
+            return real_import(name, *rest, **kwargs)
+
+        builtins.__import__ = importing
+    else:
+        import quantdiff.stats.collect as collect
+
+        real_run = collect.StatsCollector.run
+
+        def run(self, *a, **k):
+            real_run(self, *a, **k)
+            ready()
+
+        collect.StatsCollector.run = run
+    from quantdiff.cli.app import main
+    main(args)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "point, signum",
+    [("import", signal.SIGINT), ("import", signal.SIGTERM), ("collect", signal.SIGINT), ("collect", signal.SIGTERM)],
+    ids=["sigint-during-imports", "sigterm-during-imports", "sigint-mid-run", "sigterm-mid-run"],
+)
+def test_a_signal_gives_its_exit_code_one_line_and_no_output(tmp_path, point, signum):
+    src = tmp_path / "src"
+    shutil.copytree(SOURCE, src)
+    before = tree_hashes(tmp_path)
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
+    args = ["stats", str(src), "--tokens", "512", "--batch-size", "1", "--seq-len", "64", "--quiet",
+            "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path / "plots")]
+    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_DRIVER, point, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, (proc.returncode, err)
+    assert out == "" and err.splitlines() == [f"error: {'interrupted' if name == 'SIGINT' else 'terminated'} by {name}"], err
+    assert tree_hashes(tmp_path) == before  # no JSON, no plots, no temporaries; the source untouched
+
+
+def test_a_typer_exit_code_is_not_dropped(monkeypatch):
+    """Outside standalone mode click returns the code of typer.Exit (and of a Ctrl-C it caught): main exits with it."""
+    import typer
+
+    import quantdiff.cli.commands.info as info
+
+    def leave() -> None:
+        raise typer.Exit(4)
+
+    monkeypatch.setattr(info, "info", leave)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["info"])
+    assert exit_info.value.code == 4
+
+
+def _all_nan_model(tmp_path: Path) -> Path:
+    from tests.test_bad_input import _nan_model
+
+    return _nan_model(tmp_path, "model.embed_tokens.weight")
+
+
+def test_non_finite_logits_make_sweep_cells_invalid_not_chance(tmp_path, capsys):
+    """An all-NaN model once scored acc 0.25 (argmax over NaN picks a token anyway); now null and flagged."""
+    src = _all_nan_model(tmp_path)
+    json_path, plot = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["sweep", str(src), "--task", "choice", "--limit", "4", "--bits", "4", "--quiet", "--json", str(json_path), "--plot", str(plot)])
+    assert not [w for w in caught if "legend" in str(w.message)]
+    out, err = capsys.readouterr()
+    cells = json.loads(json_path.read_text())["cells"]
+    assert len(cells) == 2 and all(c["acc"] is None and c["acc_norm"] is None and c["valid"] is False for c in cells)
+    assert all(c["nonfinite_logits"] > 0 and c["items"] == 4 for c in cells)
+    assert err.count("warning: ") == 2 and "non-finite logits" in err  # on stderr although --quiet
+    assert all(line.startswith("warning: ") for line in err.splitlines()), err
+    assert "invalid" in out and "0.25" not in out
+    assert plot.stat().st_size > 0  # the chart copes with cells that have no value
+
+
+def test_non_finite_logits_make_eval_lm_invalid_not_zero(tmp_path, capsys):
+    """`eval --task lm` once reported accuracy 0.0 as if valid."""
+    from quantdiff.eval.sweep import cells_from_json
+
+    src = _all_nan_model(tmp_path)
+    main(["eval", str(src), "--task", "lm", "--limit", "2", "--quiet", "--json", str(tmp_path / "e.json")])
+    doc = json.loads((tmp_path / "e.json").read_text())
+    (cell,) = doc["cells"]
+    assert cell["accuracy"] is None and cell["loss"] is None and cell["valid"] is False
+    (back,) = cells_from_json(doc)
+    assert not back.valid and "valid" not in back.metrics
+    assert "warning:" in capsys.readouterr().err
+
+
+def test_finite_logits_keep_cells_valid(tmp_path):
+    from quantdiff.eval.scoring import counting_scored_logits, note_scored
+
+    import torch
+
+    with counting_scored_logits() as scored:
+        note_scored(torch.tensor([[0.0, 1.0], [float("inf"), 0.0], [0.0, float("nan")]]))
+    assert scored.nonfinite == 2
+    main(["eval", "tiny/diff", "--task", "lm", "--limit", "2", "--quiet", "--json", str(tmp_path / "e.json")])
+    (cell,) = json.loads((tmp_path / "e.json").read_text())["cells"]
+    assert cell["valid"] is True and cell["nonfinite_logits"] == 0 and 0 < cell["accuracy"] < 1
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory):
+    """A run of test_train's recipe stopped after step 3 of 6 (checkpoint saved), on its synthetic corpus."""
+    from quantdiff.data import corpus
+    from quantdiff.train.loop import train_pair
+    from quantdiff.train.recipe import parse_recipe
+    from tests.test_train import RECIPE, synthetic_corpus
+
+    root = tmp_path_factory.mktemp("interrupted")
+    (root / "r.toml").write_text(RECIPE)
+    with pytest.MonkeyPatch.context() as patch:
+        synthetic_corpus.__wrapped__(patch)
+        assert train_pair(parse_recipe(RECIPE, "r"), root / "run", stop_after=3, console=_silent()) is None
+    return root
+
+
+def _silent():
+    from rich.console import Console
+
+    return Console(quiet=True)
+
+
+def _state_edit(**fields):
+    def edit(run: Path) -> None:
+        path = run / ".checkpoint" / "state.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+    return edit
+
+
+def _remove_tokenizer(run: Path) -> None:
+    shutil.rmtree(run / ".checkpoint" / "tokenizer")
+
+
+RESUME_CASES = [
+    ("step-negative", _state_edit(step=-50), "step -50 is not a whole number in 0..6"),
+    ("step-beyond-recipe", _state_edit(step=10**9), "step 1000000000 is not a whole number in 0..6"),
+    ("step-string", _state_edit(step="abc"), "step 'abc'"),
+    ("step-not-its-curves", _state_edit(step=2), "loss of standard must hold one number per step (2)"),
+    ("loss-string", _state_edit(loss="nope"), "loss must map standard and diff to lists"),
+    ("loss-entry-string", _state_edit(loss={"standard": ["x"] * 3, "diff": [1.0] * 3}), "loss of standard"),
+    ("held-out-wrong-steps", _state_edit(held_out={"standard": [[2, 1.0]], "diff": [[3, 1.0]]}), "held_out of standard"),
+    ("elapsed-negative", _state_edit(elapsed_s=-1), "elapsed_s -1"),
+    ("unknown-field", _state_edit(extra=1), "unknown field 'extra'"),
+    ("tokenizer-removed", _remove_tokenizer, "its tokenizer does not load"),
+]
+
+
+@pytest.mark.parametrize("edit, message", [c[1:] for c in RESUME_CASES], ids=[c[0] for c in RESUME_CASES])
+def test_a_resumed_state_is_checked_against_the_recipe(interrupted_run, tmp_path, capsys, monkeypatch, edit, message):
+    """A step of −50 once trained 56 steps, and 10⁹ saved the 3-step model as the finished pair: now refused."""
+    from tests.test_train import synthetic_corpus
+
+    synthetic_corpus.__wrapped__(monkeypatch)
+    shutil.copytree(interrupted_run, tmp_path / "w")
+    run = tmp_path / "w" / "run"
+    edit(run)
+    before = tree_hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", str(tmp_path / "w" / "r.toml"), "--out", str(run)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: corrupt training checkpoint") and message in err, err
+    assert "Traceback" not in err and tree_hashes(tmp_path) == before  # no pair saved, checkpoint untouched
+
+
+def test_a_resumed_state_as_written_still_resumes(interrupted_run, tmp_path, monkeypatch):
+    """The checks accept what a run writes, a diverged step's null loss included (read back as NaN)."""
+    import math
+
+    from quantdiff.train.loop import Checkpoint
+    from quantdiff.train.recipe import parse_recipe
+    from tests.test_train import RECIPE
+
+    shutil.copytree(interrupted_run, tmp_path / "w")
+    checkpoint = Checkpoint(tmp_path / "w" / "run")
+    state = json.loads((checkpoint.dir / "state.json").read_text())
+    assert state["step"] == 3 and len(state["loss"]["diff"]) == 3
+    state["loss"]["diff"][1] = None
+    (checkpoint.dir / "state.json").write_text(json.dumps(state))
+    loaded = checkpoint.load_state(parse_recipe(RECIPE, "r"))
+    assert loaded["step"] == 3 and math.isnan(loaded["loss"]["diff"][1])
+
+
+def test_needle_documents_are_checked_in_tokens_before_training(tmp_path, capsys, monkeypatch):
+    """A recipe that fits at one token per word, but not in the trained tokenizer's tokens (a 300-token vocabulary
+    splits needle words): refused before any step, where it once failed in training or after it."""
+    from quantdiff.train.recipe import parse_recipe
+    from tests.test_train import RECIPE, synthetic_corpus
+
+    synthetic_corpus.__wrapped__(monkeypatch)
+    small = RECIPE.replace("seq_len = 160", "seq_len = 40")
+    parse_recipe(small, "r")  # passes the word-level check
+    (tmp_path / "r.toml").write_text(small)
+    before = tree_hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", str(tmp_path / "r.toml"), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and len(err.splitlines()) == 1, err
+    assert "cannot hold" in err and "tokens of the trained tokenizer" in err
+    assert tree_hashes(tmp_path) == before
+
+
+def test_quiet_still_warns_of_non_finite_activations_on_stderr(tmp_path, capsys):
+    src = _all_nan_model(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["stats", str(src), "--tokens", "64", "--quiet", "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path / "plots")])
+    assert not [w for w in caught if "legend" in str(w.message)]
+    out, err = capsys.readouterr()
+    assert out == "" and "warning: nan: 100.0% of attention logits were non-finite" in err, err
+    assert all(line.startswith("warning: ") for line in err.splitlines()), err  # the plots cope, silently
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 4

@@ -5,24 +5,68 @@ exit code. Expected failures (QuantdiffError, usage errors, OS errors such as a 
 their message; anything else is a bug or an unforeseen condition and prints
 `error: internal error: <Type>: <message> (run with QUANTDIFF_DEBUG=1 for the traceback)`, exit code 3.
 With QUANTDIFF_DEBUG=1 the exception propagates with its traceback instead.
+
+Signals take the same path: SIGINT, SIGTERM and SIGHUP raise `Interrupted` wherever the program is (imports,
+loading, a measurement), so context managers discard partial outputs, and the run ends with one line and exit
+code 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM). typer is imported only after the handlers are in
+place, so even a Ctrl-C during start-up takes this path.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 # Before anything imports torch: with OpenMP's default (active) wait policy, 2-thread torch steps stalled for
 # seconds on 2-core machines. Users can still override it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import typer
-
 from quantdiff.core.errors import QuantdiffError
 
-# typer >= 0.24 vendors click: find its ClickException through a public class so both layouts work.
-_CLICK_EXCEPTION = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A handled signal arrived. A KeyboardInterrupt, so no `except Exception` swallows it and cleanup written
+    for Ctrl-C runs for SIGTERM too; click turns it into a bare exit code, which `main` replaces by its line."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_received: list[int] = []  # signals seen by this process: a library that swallows Interrupted cannot hide one
+
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    _received.append(signum)
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _signals_raise_interrupted() -> Iterator[None]:
+    """Install the handler for the run, then restore the caller's (tests call main in-process).
+
+    A signal the parent set to be ignored (nohup, a background job) stays ignored. Python runs handlers in the
+    main thread only, so main() called from another thread leaves them alone."""
+    _received.clear()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in HANDLED_SIGNALS}
+    for signum, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(signum, _raise_interrupted)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 # (command name, module under quantdiff.cli.commands, function) — modules hold no logic beyond argument handling.
 COMMANDS = [
@@ -37,7 +81,9 @@ COMMANDS = [
 ]
 
 
-def build_app() -> typer.Typer:
+def build_app() -> "typer.Typer":
+    import typer
+
     app = typer.Typer(
         name="quantdiff",
         help="Where are a model's activation outliers, and how many bits does it survive? "
@@ -73,16 +119,32 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+def _click_exception() -> type:
+    """typer >= 0.24 vendors click: find its ClickException through a public class so both layouts work."""
+    import typer
+
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def interrupted_line(signum: int) -> tuple[str, int]:
+    verb = "interrupted" if signum == signal.SIGINT else "terminated"
+    return f"error: {verb} by {signal.Signals(signum).name}", 128 + signum
+
+
 def error_line(exc: BaseException) -> tuple[str, int]:
     """The `error:` line and exit code for an exception that reached the command line."""
-    if isinstance(exc, _CLICK_EXCEPTION):
+    import typer
+
+    if _received:  # whatever the signal became on its way up (transformers re-raises import failures)
+        return interrupted_line(_received[0])
+    if isinstance(exc, _click_exception()):
         return f"error: {_one_line(exc.format_message()) or 'no command given (usage above)'}", exc.exit_code
     if isinstance(exc, QuantdiffError):
         return f"error: {_one_line(exc)}", 1
     if isinstance(exc, typer.Abort):
         return "error: aborted", 130
-    if isinstance(exc, KeyboardInterrupt):
-        return "error: interrupted", 130
+    if isinstance(exc, KeyboardInterrupt):  # raised by hand, or a handler other than ours
+        return interrupted_line(signal.SIGINT)
     if isinstance(exc, MemoryError):
         return "error: out of memory", 1
     if isinstance(exc, OSError) and exc.strerror:
@@ -94,16 +156,23 @@ def error_line(exc: BaseException) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every exception becomes one `error:` line and a non-zero exit (see the module docstring)."""
-    _quiet_transformers()
-    try:
-        build_app()(args=argv, standalone_mode=False)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except SystemExit:
-        raise
-    except BaseException as exc:
-        if os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
+    with _signals_raise_interrupted():
+        _quiet_transformers()
+        try:
+            # Outside standalone mode click returns, rather than raises, the code of a typer.Exit.
+            code = build_app()(args=argv, standalone_mode=False)
+        except SystemExit:
             raise
-        line, code = error_line(exc)
-        typer.echo(line, err=True)
+        except BaseException as exc:
+            if os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
+                raise
+            _fail(*error_line(exc))
+        if _received:  # a signal that some library caught and swallowed: the run is still interrupted
+            _fail(*interrupted_line(_received[0]))
+    if isinstance(code, int) and code != 0:
         sys.exit(code)
+
+
+def _fail(line: str, code: int) -> None:
+    print(line, file=sys.stderr, flush=True)
+    sys.exit(code)

@@ -7,6 +7,7 @@ from typing import Sequence
 
 from quantdiff.core.atomic import writable_target
 from quantdiff.core.errors import ConfigError
+from quantdiff.data.sources import check_data_file
 from quantdiff.eval.tasks.registry import Task, make_task
 
 # CLI option -> the field it sets, per task; an option a task has no field for is an error, not ignored.
@@ -24,8 +25,8 @@ def make_cli_task(name: str, batch_size: int, **given: object) -> Task:
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be positive, got {batch_size}")
     data, context, depth, needles = (given.get(k) for k in ("data", "context", "depth", "needles"))
-    if data is not None and not Path(data).is_file():
-        raise ConfigError(f"--data file not found: {data}")
+    if data is not None:
+        check_data_file(data)
     if context is not None and context < 2:
         raise ConfigError(f"--context must be at least 2 tokens, got {context}")
     if depth is not None and not 0.0 <= depth <= 1.0:

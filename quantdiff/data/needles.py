@@ -154,6 +154,26 @@ def min_document_tokens(n_needles: int, n_queries: int = 1, value_length: int = 
     return n_needles * needle + n_queries * query
 
 
+def _fixed_pieces(needles: Sequence[tuple[str, str]], asked: Sequence[int]) -> tuple[list[str], list[str], str, str]:
+    """A document's pieces other than filler: needle sentences, answered queries, the final query, its answer."""
+    needle_texts = [NEEDLE.format(key=k, value=v) for k, v in needles]
+    queries = [QUERY.format(key=needles[i][0]) + ANSWER.format(value=needles[i][1]) for i in asked[:-1]]
+    return needle_texts, queries, QUERY.format(key=needles[asked[-1]][0]), ANSWER.format(value=needles[asked[-1]][1])
+
+
+def most_document_tokens(count_tokens: Callable[[Sequence[str]], list[int]], n_needles: int, n_queries: int = 1, value_length: int = VALUE_LENGTH) -> int:
+    """The most tokens any document with these needles needs under `count_tokens` (`Filler`'s counter), filler
+    excluded: the needles drawn from the keys and value words that tokenize longest, the longest ones queried.
+    Exact for byte-level BPE, whose counts add up over space-separated words."""
+    by_length = lambda words: [w for _, w in sorted(zip(count_tokens([" " + w for w in words]), words), reverse=True)]  # noqa: E731
+    keys, words = by_length(KEYS)[:n_needles], by_length(VALUE_WORDS)[: n_needles * value_length]
+    if len(keys) < n_needles or len(words) < n_needles * value_length:
+        raise DataError(f"{n_needles} needles of {value_length} words: at most {len(VALUE_WORDS)} distinct value words exist")
+    needles = [(k, " ".join(words[i * value_length : (i + 1) * value_length])) for i, k in enumerate(keys)]
+    needle_texts, queries, final_query, answer = _fixed_pieces(needles, list(range(n_queries)))
+    return sum(count_tokens(needle_texts + queries + [final_query, answer]))
+
+
 def make_needle_example(
     rng: random.Random,
     filler: Filler,
@@ -170,10 +190,7 @@ def make_needle_example(
         raise DataError(f"n_queries must be between 1 and n_needles={n_needles}, got {n_queries}")
     needles = random_needles(rng, n_needles, value_length)
     asked = rng.sample(range(n_needles), n_queries)
-    needle_texts = [NEEDLE.format(key=k, value=v) for k, v in needles]
-    queries = [QUERY.format(key=needles[i][0]) + ANSWER.format(value=needles[i][1]) for i in asked[:-1]]
-    final_query = QUERY.format(key=needles[asked[-1]][0])
-    answer = ANSWER.format(value=needles[asked[-1]][1])
+    needle_texts, queries, final_query, answer = _fixed_pieces(needles, asked)
     fixed = sum(filler.count_tokens(needle_texts + queries + [final_query, answer]))
     if fixed > context_tokens:
         raise DataError(f"context_tokens={context_tokens} is too short for {n_needles} needles ({fixed} tokens needed)")

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from quantdiff.core.errors import DataError
+from quantdiff.core.memory import check_fits
 
 BUILTIN_CORPUS = "builtin:corpus"
 BUILTIN_RETRIEVAL = "builtin:retrieval"
@@ -27,6 +28,7 @@ BUILTINS = (BUILTIN_CORPUS, BUILTIN_RETRIEVAL)
 TEXT_CHUNK_CHARS = 1 << 20  # tokenize long texts piecewise, stopping once the budget is reached
 RETRIEVAL_NEEDLES = 4
 RETRIEVAL_SEED = 0
+BATCH_BYTES_PER_TOKEN = 16  # int64 id and int64 attention mask
 
 Tokenize = Callable[[str], list[int]]
 
@@ -55,6 +57,7 @@ def load_sequences(source: str, tokenize: Tokenize | None, tokens: int, seq_len:
     """
     if tokens < 1:
         raise DataError(f"--tokens must be positive, got {tokens}")
+    check_fits(tokens * BATCH_BYTES_PER_TOKEN, f"--tokens {tokens:,}")  # every batch is held until the run ends
     if seq_len < 1:
         raise DataError(f"--seq-len must be positive, got {seq_len}")
     if source in BUILTINS:
@@ -101,6 +104,17 @@ def _need(tokenize: Tokenize | None, source: str) -> Tokenize:
     if tokenize is None:
         raise DataError(f"{source} holds text but the model has no tokenizer: use a JSONL file with input_ids")
     return tokenize
+
+
+def check_data_file(path: str | Path, flag: str = "--data") -> None:
+    """A data path must be an existing regular file: the reason otherwise (missing, a directory, a device)."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{flag} file not found: {path}")
+    if path.is_dir():
+        raise DataError(f"{flag} is a directory, not a file: {path}")
+    if not path.is_file():
+        raise DataError(f"{flag} is not a regular file: {path}")
 
 
 def read_text(path: Path) -> str:

@@ -7,8 +7,10 @@ quantization scales, and hence results, do not depend on what else is in the bat
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -30,6 +32,35 @@ class TargetScore:
     def greedy(self) -> bool:
         """Greedy decoding would have produced exactly the targets."""
         return self.n_correct == self.n_tokens
+
+
+@dataclass
+class ScoredLogits:
+    """How many positions whose logits some metric used held a NaN or ±Inf."""
+
+    nonfinite: int = 0
+
+
+_scored: ContextVar[ScoredLogits | None] = ContextVar("scored_logits", default=None)
+
+
+@contextmanager
+def counting_scored_logits() -> Iterator[ScoredLogits]:
+    """Count, while the block runs, the scored positions (every task scores through this module) whose logits
+    are not all finite: an argmax or log-softmax over NaN still yields a plausible-looking number."""
+    counter = ScoredLogits()
+    token = _scored.set(counter)
+    try:
+        yield counter
+    finally:
+        _scored.reset(token)
+
+
+def note_scored(logits: torch.Tensor) -> None:
+    """Record positions (..., V) whose logits a metric uses; only positions scored, never padding."""
+    counter = _scored.get()
+    if counter is not None:
+        counter.nonfinite += int((~torch.isfinite(logits)).any(dim=-1).sum())
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -84,9 +115,11 @@ def score_targets(
     scores: list[TargetScore | None] = [None] * len(requests)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        logprobs = torch.log_softmax(next_token_logits(model, [inputs[i] for i in chunk]), dim=-1)  # (B, T, V)
+        logits = next_token_logits(model, [inputs[i] for i in chunk])  # (B, T, V)
+        logprobs = torch.log_softmax(logits, dim=-1)
         for row, i in enumerate(chunk):
             targets = torch.tensor(list(requests[i][1]), device=logprobs.device)
+            note_scored(logits[row, -len(targets) :])
             predicted = logprobs[row, -len(targets) :]  # (n, V): the rows predicting each target
             scores[i] = TargetScore(
                 logprob=predicted.gather(-1, targets[:, None]).sum().item(),

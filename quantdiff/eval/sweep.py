@@ -16,6 +16,7 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.quant.numerics import check_bits
 from quantdiff.quant.registry import method_name, site_name
 from quantdiff.quant.sites import QuantConfig, parse_config, quantized
+from quantdiff.eval.scoring import counting_scored_logits
 from quantdiff.eval.tasks.registry import Task
 
 REFERENCE = "reference"
@@ -28,14 +29,20 @@ class Cell:
     method: str | None  # None: the unquantized reference
     bits: int | None
     site: str | None
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    nonfinite_logits: int = 0  # scored positions whose logits held NaN/Inf: > 0 makes the cell invalid
 
     @property
     def is_reference(self) -> bool:
         return self.method is None
 
+    @property
+    def valid(self) -> bool:
+        return self.nonfinite_logits == 0
+
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "task": self.task, "method": self.method, "bits": self.bits, "site": self.site, **self.metrics}
+        return {"model": self.model, "task": self.task, "method": self.method, "bits": self.bits, "site": self.site,
+                **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits}
 
 
 @dataclass(frozen=True)
@@ -85,10 +92,14 @@ CellProgress = Callable[[str, int], Callable[[float], None]]  # (label, total un
 def run_cell(
     model: nn.Module, name: str, task: Task, prepared: Any, config: QuantConfig | None, progress: CellProgress | None = None, allow_partial: bool = False
 ) -> Cell:
+    """One cell. Non-finite logits at any scored position make it invalid: its metrics become None (null in
+    JSON), since an argmax over NaN picks a token anyway and would pass for an accuracy."""
     advance = progress(f"{name} · {label(*describe(config))}", len(prepared)) if progress is not None else None
-    with quantized(model, config, allow_partial):
-        metrics = task.evaluate(model, prepared, advance)
-    return Cell(name, task.name, *describe(config), metrics)
+    with quantized(model, config, allow_partial), counting_scored_logits() as scored:
+        metrics: dict[str, float | None] = dict(task.evaluate(model, prepared, advance))
+    if scored.nonfinite:
+        metrics.update(dict.fromkeys(task.metrics))
+    return Cell(name, task.name, *describe(config), metrics, scored.nonfinite)
 
 
 def run_model_cells(
@@ -127,5 +138,5 @@ def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None 
 
 
 def cells_from_json(data: dict[str, Any]) -> list[Cell]:
-    keys = ("model", "task", "method", "bits", "site")
-    return [Cell(*(d[k] for k in keys), {k: v for k, v in d.items() if k not in keys}) for d in data["cells"]]
+    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits")
+    return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0)) for d in data["cells"]]

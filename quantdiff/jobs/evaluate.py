@@ -11,7 +11,7 @@ from quantdiff.core.atomic import write_json
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import task_bars
-from quantdiff.eval.sweep import Cell, cells_to_json, run_model_cells
+from quantdiff.eval.sweep import Cell, cell_label, cells_to_json, run_model_cells
 from quantdiff.eval.tasks.registry import Task
 from quantdiff.quant.sites import QuantConfig
 
@@ -53,10 +53,14 @@ def run_models(
 
 
 def report(cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool, sources: dict[str, dict | None] | None = None) -> None:
-    """Print the cells as a table; write them as JSON if asked, with each model's `sources` record."""
-    from quantdiff.report.console import table_console
-    from quantdiff.report.sweep_report import sweep_table
+    """Print the cells as a table (and a warning on stderr, even when quiet, per invalid cell); write them as
+    JSON if asked, with each model's `sources` record."""
+    from quantdiff.report.console import table_console, warn
+    from quantdiff.report.sweep_report import invalid_reason, sweep_table
 
+    for cell in cells:
+        if not cell.valid:
+            warn(f"{cell.model} · {cell_label(cell)}: {invalid_reason(cell)}; its metrics are null")
     table = sweep_table(cells, task.metrics, task.headline, title=f"task: {task.name}")
     out = table_console(table, highlight=False)  # piped: whole rows, not rich's 80 columns
     out.print(table)

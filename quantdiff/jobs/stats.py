@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import quantdiff.attention.backend as attention
-from quantdiff.data.sources import BUILTIN_CORPUS, BUILTINS, Batch, shard
+from quantdiff.data.sources import BUILTIN_CORPUS, BUILTINS, Batch, check_data_file, shard
 from quantdiff.core.atomic import writable_target
 from quantdiff.core.outputs import check_outputs
 from quantdiff.core.errors import ConfigError, DataError
 from quantdiff.core.device import resolve_device
+from quantdiff.core.memory import check_fits
 from quantdiff.core.progress import rate_column, task_bars
 from quantdiff.stats.collect import DEFAULT_K, collect
+from quantdiff.stats.model_stats import ModelStats
 from quantdiff.stats.distributed import distributed_rank_world, gather_capped_to_rank0, gather_to_rank0
 
 
@@ -59,8 +61,8 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
     for flag, value in (("--tokens", options.tokens), ("--batch-size", options.batch_size), ("--top-k", options.k), ("--seq-len", options.seq_len)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be positive, got {value}")
-    if options.data not in BUILTINS and not Path(options.data).is_file():
-        raise DataError(f"data file not found: {options.data}" if not Path(options.data).exists() else f"data path is not a file: {options.data}")
+    if options.data not in BUILTINS:
+        check_data_file(options.data)
     if options.tile_size is not None and options.tile_size < 1:
         raise ConfigError(f"--tile-size must be positive (0 = no tiling), got {options.tile_size}")
     if options.json_path is not None:
@@ -71,8 +73,11 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
     data_files = [] if options.data in BUILTINS else [options.data]
     check_outputs({"--json": options.json_path, "--plot": options.plot_dir}, [path for _, path in named] + data_files)
     planned = []
+    device = resolve_device(options.device, "--device")
     for name, path in named:
         config = load_config(path, options.trust_remote_code)
+        layers, heads = getattr(config, "num_hidden_layers", 1), getattr(config, "num_attention_heads", 1)
+        check_fits(ModelStats.topk_bytes(layers, heads, options.k), f"--top-k {options.k:,} for {name}", device)
         positions = getattr(config, "max_position_embeddings", None) or DEFAULT_SEQ_LEN
         seq_len = options.seq_len or min(DEFAULT_SEQ_LEN, positions)
         if seq_len > positions:
@@ -108,7 +113,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     from quantdiff.core.atomic import write_json
     from quantdiff.models.source import model_source
     from quantdiff.quant.checkpoint import load
-    from quantdiff.report.stats_report import render, write_plots
+    from quantdiff.report.stats_report import render, warn_nonfinite, write_plots
     from quantdiff.stats.schema import document, model_entry
 
     from transformers.utils import logging as hf_logging
@@ -146,6 +151,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
         write_json(options.json_path, doc)
     if options.plot_dir is not None:
         write_plots(options.plot_dir, named)
+    warn_nonfinite(doc)
     if not quiet:
         render(doc, per_layer=per_layer)  # its console prints whole rows when piped
     return doc

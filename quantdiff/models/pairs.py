@@ -21,6 +21,7 @@ from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, Lla
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.models.diffv2 import DiffV2Config, DiffV2ForCausalLM
+from quantdiff.core.memory import check_fits
 
 KINDS = ("standard", "diff")  # the pair that training, the built-in models and reproduce use
 ALL_KINDS = (*KINDS, "diffv2")
@@ -56,6 +57,20 @@ class SizePreset:
             raise ConfigError(f"num_kv_heads={kv} is odd: DiffLlama splits V across KV heads, so it must be even")
         if (self.hidden_size // self.num_heads) % 2:
             raise ConfigError("head dimension must be even for rotary embeddings")
+
+    def parameter_estimate(self) -> int:
+        """Parameters of the standard model from the sizes alone (Diff adds a few λ vectors): embeddings, output
+        layer unless tied, and per layer the attention projections, the SwiGLU MLP and two norms."""
+        head_dim = self.hidden_size // self.num_heads
+        kv_width = (self.num_kv_heads or self.num_heads) * head_dim
+        attention = 2 * self.hidden_size * self.hidden_size + 2 * self.hidden_size * kv_width
+        layer = attention + 3 * self.hidden_size * self.intermediate + 2 * self.hidden_size
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return embeddings + self.num_layers * layer + self.hidden_size
+
+    def check_memory(self, copies: int, what: str, models: int = len(KINDS)) -> None:
+        """Refuse, before building anything, sizes whose `copies` float32 copies of `models` models cannot fit."""
+        check_fits(models * copies * 4 * self.parameter_estimate(), what)
 
     @property
     def intermediate(self) -> int:
@@ -103,6 +118,14 @@ def pair_configs(preset: SizePreset) -> dict[str, LlamaConfig | DiffLlamaConfig]
     return kind_configs(preset, KINDS)
 
 
+SEEDS = range(2**64)  # torch.manual_seed's unsigned range
+
+
+def check_seed(seed: int, what: str = "seed") -> None:
+    if seed not in SEEDS:
+        raise ConfigError(f"{what} must be in 0..2**64 - 1, got {seed}")
+
+
 def build_model(config: ModelConfig, seed: int = 0, attn_implementation: str = "sdpa") -> PreTrainedModel:
     """A freshly initialised model; `config` is deep-copied because `_from_config` mutates it."""
     torch.manual_seed(seed)
@@ -111,7 +134,10 @@ def build_model(config: ModelConfig, seed: int = 0, attn_implementation: str = "
 
 def build_pair(preset: SizePreset, seed: int = 0, attn_implementation: str = "sdpa", kinds: tuple[str, ...] = KINDS) -> dict[str, PreTrainedModel]:
     """The kinds (by default the standard/Diff pair), each initialised from the same seed."""
-    return {kind: build_model(cfg, seed, attn_implementation) for kind, cfg in kind_configs(preset, kinds).items()}
+    configs = kind_configs(preset, kinds)  # validates the sizes
+    check_seed(seed)
+    preset.check_memory(1, f"{len(configs)} models of {preset.parameter_estimate():,} parameters", models=len(configs))
+    return {kind: build_model(cfg, seed, attn_implementation) for kind, cfg in configs.items()}
 
 
 def lambda_parameter_count(model: PreTrainedModel) -> int:

@@ -16,3 +16,9 @@ def table_console(*renderables, stderr: bool = False, **kwargs) -> Console:
     probe = Console(width=100_000)
     width = max([80, *(probe.measure(r).maximum for r in renderables)])
     return Console(stderr=stderr, width=width, **kwargs)
+
+
+def warn(text: str) -> None:
+    """One `warning:` line on stderr: printed even under --quiet, which silences progress and tables, never
+    what makes a number untrustworthy."""
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"warning: {text}", style="yellow", markup=False)

@@ -34,11 +34,22 @@ def _nonfinite_cell(block: dict) -> str:
     return f"{nan:,} NaN, {inf:,} Inf ({share:.1%})" if nan or inf else "0"
 
 
+def warn_nonfinite(doc: dict) -> None:
+    """A warning on stderr per model and activation that had NaN/Inf values (printed even when quiet)."""
+    from quantdiff.report.console import warn
+
+    for key, label in ACTIVATIONS.items():
+        for model in doc["models"]:
+            nan, inf, share = nonfinite_share(model[key])
+            if nan or inf:
+                warn(f"{model['name']}: {share:.1%} of {label} were non-finite ({nan:,} NaN, {inf:,} Inf); every statistic excludes them")
+
+
 def render(doc: dict, console=None, per_layer: bool = False) -> None:
     """Table 5 layout: rows = activation × model (+ ratio rows first ÷ other), columns Top-1 … Median.
 
-    Non-finite activations (excluded from every statistic) get a column and a warning line per model and
-    activation, so a table of normal-looking numbers never hides that a share of the values was NaN or Inf.
+    Non-finite activations (excluded from every statistic) get a column (and `warn_nonfinite` a warning line),
+    so a table of normal-looking numbers never hides that a share of the values was NaN or Inf.
     `console`: default, one that prints whole rows when piped.
     """
     from rich.table import Table
@@ -63,10 +74,6 @@ def render(doc: dict, console=None, per_layer: bool = False) -> None:
         table.add_section()
     console = console or table_console(table)
     console.print(table)
-    for model, key, label in flagged:
-        nan, inf, share = nonfinite_share(model[key])
-        console.print(f"[yellow]warning: {model['name']}: {share:.1%} of {label} were non-finite ({nan:,} NaN, {inf:,} Inf); "
-                      "every statistic above excludes them[/yellow]", soft_wrap=True)
     for model in models:
         features = model["hidden_states"]["outlier_features"]
         console.print(f"{model['name']}: {features['count']} LLM.int8 outlier feature(s) in hidden states"
@@ -166,7 +173,8 @@ def _plot_into(directory: Path, tmp: Path, named: Sequence[tuple[str, ModelStats
             keep = (hist > 0) & (ccdf > 0) & (mids > 0)
             ax.loglog(mids[keep].tolist(), ccdf[keep].tolist(), label=name)
         ax.set(xlabel="|x|", ylabel="P(|X| > x)", title=f"{label}: |x| CCDF")
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # no model had a finite value: an empty chart, no matplotlib warning
+            ax.legend()
         names.append(_save(fig, tmp / f"ccdf_{key}.png", plt))
     out = []
     for path in names:

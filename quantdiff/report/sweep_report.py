@@ -23,12 +23,20 @@ def sweep_table(cells: Sequence[Cell], metrics: Sequence[str], headline: str, ti
     for metric in metrics:
         table.add_column(metric, justify="right")
     table.add_column(f"Δ {headline}", justify="right")
+    flagged = any(not c.valid for c in cells)
+    if flagged:
+        table.add_column("invalid")
     for c in cells:
         values = [number(c.metrics.get(m), decimals=METRIC_DECIMALS) for m in metrics]
-        base = reference.get(c.model)
-        delta = "" if c.is_reference or base is None else f"{c.metrics[headline] - base:+.4f}"
-        table.add_row(c.model, cell_label(c), *values, delta)
+        base, value = reference.get(c.model), c.metrics.get(headline)
+        delta = "" if c.is_reference or base is None or value is None else f"{value - base:+.4f}"
+        table.add_row(c.model, cell_label(c), *values, delta, *([invalid_reason(c)] if flagged else []))
     return table
+
+
+def invalid_reason(cell: Cell) -> str:
+    """Why a cell has no metrics ("" for a valid cell)."""
+    return "" if cell.valid else f"non-finite logits at {cell.nonfinite_logits:,} scored positions"
 
 
 def plot_sweep(cells: Sequence[Cell], path: str | Path, metric: str) -> None:
@@ -49,21 +57,23 @@ def plot_sweep(cells: Sequence[Cell], path: str | Path, metric: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for m, model in enumerate(models):
         colour = colours[m % len(colours)]
-        for reference in (c for c in cells if c.model == model and c.is_reference):
+        for reference in (c for c in cells if c.model == model and c.is_reference and c.valid):
             ax.axhline(reference.metrics[metric], color=colour, linestyle="--", linewidth=1, label=f"{model} unquantized")
         for n, (method, site) in enumerate(lines):
-            points = sorted((x_of[c.bits], c.metrics[metric]) for c in cells if c.model == model and (c.method, c.site) == (method, site))
+            # An invalid cell is a gap in its line, not a point.
+            points = sorted((x_of[c.bits], c.metrics[metric]) for c in cells if c.model == model and (c.method, c.site) == (method, site) and c.valid)
             if points:
                 xs, ys = zip(*points)
                 ax.plot(xs, ys, color=colour, marker=markers[n % len(markers)], linestyle=styles[n % len(styles)], label=f"{model} {method} @{site}")
-    if all(c.metrics[metric] >= 0 for c in cells):
+    if all(c.metrics[metric] >= 0 for c in cells if c.valid):
         ax.set_ylim(bottom=max(ax.get_ylim()[0], 0.0))  # no negative ticks for accuracies and losses
     ax.set_xticks(range(len(bits)), [str(b) for b in bits])
     ax.set_xlabel("bits")
     ax.set_ylabel(metric)
     ax.set_title(f"{cells[0].task}: {metric} vs bits")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # every cell invalid: an empty chart, without matplotlib's warning
+        ax.legend(fontsize=7)
     fig.tight_layout()
     with atomic_file(path) as tmp:
         fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", dpi=150)

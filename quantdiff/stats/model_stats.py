@@ -9,6 +9,7 @@ import torch
 
 from quantdiff.stats.absstats import DEFAULT_QUANTILES, AbsStats
 from quantdiff.stats.channels import ChannelStats
+from quantdiff.stats.topk import LocatedTopK
 
 LOGIT_LOCATION = ("layer", "head", "sequence", "query", "key")
 HIDDEN_LOCATION = ("layer", "sequence", "position", "channel")
@@ -28,6 +29,11 @@ class ModelStats:
     channels: ChannelStats
     tokens: int = 0
     sequences: int = 0
+
+    @staticmethod
+    def topk_bytes(layers: int, heads: int, k: int) -> int:
+        """Bytes of the Top-k buffers of `empty` (one per layer × head of logits, one per layer of hidden states)."""
+        return LocatedTopK.nbytes(layers * heads, k, LOGIT_LOCATION) + LocatedTopK.nbytes(layers, k, HIDDEN_LOCATION)
 
     @classmethod
     def empty(

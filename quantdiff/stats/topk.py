@@ -57,6 +57,11 @@ class LocatedTopK:
         self._workspace = Workspace()
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # see deferred_merges
 
+    @staticmethod
+    def nbytes(groups: int, k: int, location_names: Sequence[str]) -> int:
+        """Bytes `empty` allocates: a float32 value and int64 coordinates per slot."""
+        return groups * k * (4 + 8 * len(location_names))
+
     @classmethod
     def empty(cls, groups: int, k: int, location_names: Sequence[str], device: torch.device | str) -> LocatedTopK:
         values = torch.full((groups, k), EMPTY, device=device)

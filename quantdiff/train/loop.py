@@ -29,6 +29,7 @@ import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,15 +43,16 @@ from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import progress_bar
 from quantdiff.models.pairs import KINDS, build_pair, lambda_parameter_count, parameter_count
-from quantdiff.train.recipe import Recipe, TrainConfig
+from quantdiff.train.recipe import Recipe, TrainConfig, check_needles_fit, curriculum
 from quantdiff.core.atomic import json_text
 from quantdiff.core.savedir import atomic_dir
-from quantdiff.data.needles import VALUE_LENGTH, Filler, NeedleExample, make_needle_example, vocabulary_text
+from quantdiff.data.needles import Filler, NeedleExample, make_needle_example, most_document_tokens, vocabulary_text
 from quantdiff.data.sources import Batch
 from quantdiff.eval.tasks.lm import LMTask, PreparedLM
 from quantdiff.eval.tasks.retrieval import encode_example, exact_matches
 from quantdiff.models.tokenizer import save_tokenizer, train_bpe
 from quantdiff.train import emergence
+from quantdiff.train.resume_state import checked_state
 
 CHECKPOINT = ".checkpoint"  # inside --out; removed once the pair is saved
 # Measured on this project's CPUs: a 0.94M model learns to copy a 16-token random span repeated after 0–32 random tokens within ~500 steps.
@@ -88,19 +90,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def curriculum(step: int, recipe: Recipe) -> tuple[int, float, int]:
-    """(most needles per document, share of the document they spread over, words per value) at `step`.
-
-    Each moves linearly from its easy end to its final value over the first half of training."""
-    progress = min(1.0, step / max(1, recipe.train.steps // 2))
-    start = recipe.data.retrieval_value_words_start
-    return (
-        1 + int((recipe.data.retrieval_max_needles - 1) * progress),
-        0.1 + 0.9 * progress,
-        round(start + (VALUE_LENGTH - start) * progress),
-    )
-
-
 def needle_document(rng: random.Random, data: PairData, length: int, max_needles: int, spread: float, value_length: int) -> list[int]:
     """Token ids of one training needle document (every needle queried and answered), ≤ `length` tokens."""
     n = rng.randint(1, max_needles)
@@ -127,7 +116,7 @@ def make_batch(step: int, data: PairData, recipe: Recipe) -> tuple[torch.Tensor,
     B, T = cfg.batch_size, cfg.seq_len
     first = int(data.bos_id is not None)  # row position where text starts
     body = T + 1 - first
-    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    generator = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) % 2**64)  # any valid seed: within torch's range
     is_needle = torch.rand(B, generator=generator) < recipe.data.retrieval_fraction
     starts = torch.randint(0, len(data.train_ids) - body, (B,), generator=generator)  # drawn for every row: fixed RNG use
     rows = torch.full((B, T + 1), data.tokenizer.pad_token_id, dtype=torch.long)
@@ -240,17 +229,20 @@ class Checkpoint:
                 save_file(weights | optimizer_tensors(*optimizers[kind]), tmp / f"{kind}.safetensors")
             (tmp / "state.json").write_text(json_text(state, indent=None))
 
-    def load_state(self) -> dict:
+    def load_state(self, recipe: Recipe) -> dict:
+        """state.json, every field checked against `recipe` (resume_state)."""
         try:
             state = json.loads((self.dir / "state.json").read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise LoadError(f"corrupt training checkpoint {self.dir}: state.json is unreadable ({type(exc).__name__}); remove it or pass --force") from None
-        if not isinstance(state, dict) or not {"recipe", "step", "elapsed_s", "loss", "held_out"} <= set(state):
-            raise LoadError(f"corrupt training checkpoint {self.dir}: state.json lacks its fields; remove it or pass --force")
-        return state
+        return checked_state(state, recipe, self.dir)
 
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
-        return AutoTokenizer.from_pretrained(str(self.dir / "tokenizer"), local_files_only=True)
+        try:
+            return AutoTokenizer.from_pretrained(str(self.dir / "tokenizer"), local_files_only=True)
+        except (OSError, ValueError, TypeError, KeyError) as exc:  # a missing or damaged tokenizer/ directory
+            reason = " ".join(str(exc).split())[:200]
+            raise LoadError(f"corrupt training checkpoint {self.dir}: its tokenizer does not load ({type(exc).__name__}: {reason}); remove it or pass --force") from None
 
     def restore(self, models, optimizers) -> None:
         for kind, model in models.items():
@@ -322,15 +314,14 @@ def start_run(recipe: Recipe, out: Path, checkpoint: Checkpoint, force: bool, co
         raise ConfigError(f"a trained pair already exists in {out} (use --force to retrain)")
     device = resolve_device(cfg.device, "[train] device")
     corpus.require(recipe.data.corpus_names)  # DataError with install instructions before any work
-    state = checkpoint.load_state() if checkpoint.exists() and not force else None
-    if state is not None and state["recipe"] != recipe.source:
-        raise ConfigError(f"the checkpoint in {checkpoint.dir} was made by a different recipe: remove it or pass --force")
+    state = checkpoint.load_state(recipe) if checkpoint.exists() and not force else None
     data = prepare_data(recipe, checkpoint.load_tokenizer() if state else None)
+    # The recipe was checked at one token per word; the trained tokenizer may need more for the rarest words.
+    check_needles_fit(recipe, partial(most_document_tokens, data.filler.count_tokens), "tokens of the trained tokenizer")
     models = {kind: model.to(device).train() for kind, model in build_pair(recipe.model, cfg.seed, "sdpa").items()}
     optimizers = {kind: make_optimizer(model, cfg) for kind, model in models.items()}
     if state:
         checkpoint.restore(models, optimizers)
-        state.setdefault("outliers", {k: [] for k in KINDS})  # checkpoints written before emergence tracking
     counts = {kind: parameter_count(model) for kind, model in models.items()}
     console.print(
         f"parameters: standard {counts['standard']:,}  diff {counts['diff']:,}  "

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import sys
+from bisect import bisect_left
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,12 +26,13 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.data.needles import VALUE_LENGTH, min_document_tokens
 from quantdiff.data.corpus import CORPORA
 from quantdiff.models.names import ASSETS
-from quantdiff.models.pairs import SizePreset, preset_from_dict
+from quantdiff.models.pairs import SizePreset, check_seed, preset_from_dict
 from quantdiff.quant.numerics import check_bits
 from quantdiff.quant.registry import method_name, site_name
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 DTYPES = ("float32", "bf16")
+MODEL_KEYS = ("hidden_size", "num_layers", "num_heads", "vocab_size", "max_position_embeddings")  # no defaults
 
 
 @dataclass(frozen=True)
@@ -147,12 +149,19 @@ def parse_recipe(source: str, name: str) -> Recipe:
     if unknown:
         raise ConfigError(f"unknown section [{unknown[0]}] in recipe {name} (known: data, model, train, tasks, analysis)")
     model_table = doc.get("model", {})
+    if not isinstance(model_table, dict):
+        raise ConfigError(f"recipe {name}: [model] must be a table")
+    missing = [key for key in MODEL_KEYS if key not in model_table]
+    if missing:  # defaults would silently pick the size of the models the whole run is about
+        raise ConfigError(f"recipe {name}: [model] must set {', '.join(missing)}")
     model = preset_from_dict(model_table)  # rejects unknown keys
     for key, value in model_table.items():
         default = getattr(SizePreset(), key)
         if not _type_ok(value, 0 if default is None else default):
             raise ConfigError(f"[model] {key} must be a number, got {value!r}")
     model.validate()
+    # Training holds weights, gradients and AdamW's two moments of both models.
+    model.check_memory(4, f"[model] training a pair of {model.parameter_estimate():,}-parameter models")
     sections = {key: _section(cls, key, doc.get(key, {})) for key, cls in SECTIONS.items()}
     recipe = Recipe(name=name, source=source, model=model, **sections)
     _check(recipe)
@@ -170,6 +179,7 @@ def _check(recipe: Recipe) -> None:
         raise ConfigError("[data] retrieval_value_words_start and retrieval_max_needles must be at least 1")
     if not 0 < data.held_out_fraction < 1 or not 0 <= data.retrieval_fraction <= 1:
         raise ConfigError("held_out_fraction must be in (0, 1) and retrieval_fraction in [0, 1]")
+    check_seed(train.seed, "[train] seed")
     if train.dtype not in DTYPES:
         raise ConfigError(f"[train] dtype must be one of {', '.join(DTYPES)}, got {train.dtype!r}")
     if min(train.steps, train.batch_size, train.seq_len, train.checkpoint_every, train.log_every, train.eval_every) <= 0:
@@ -194,7 +204,7 @@ def _check(recipe: Recipe) -> None:
         except (RuntimeError, ValueError):
             raise ConfigError(f"[train] device must be auto, cpu, cuda or cuda:N, got {train.device!r}") from None
     _check_sizes(recipe)
-    _check_needles_fit(recipe)
+    check_needles_fit(recipe)
     analysis = recipe.analysis
     try:  # the names and bit widths `quantdiff sweep` takes, checked by the same registry
         for method in analysis.methods:
@@ -224,23 +234,60 @@ def _check_sizes(recipe: Recipe) -> None:
         raise ConfigError("[tasks] retrieval_contexts and retrieval_needles must be positive")
 
 
-def _check_needles_fit(recipe: Recipe) -> None:
-    """Needle documents must fit their lengths, or training or evaluation would fail after hours of work."""
+def curriculum(step: int, recipe: Recipe) -> tuple[int, float, int]:
+    """(most needles per document, share of the document they spread over, words per value) at `step`.
+
+    Each moves linearly from its easy end to its final value over the first half of training."""
+    progress = min(1.0, step / max(1, recipe.train.steps // 2))
+    start = recipe.data.retrieval_value_words_start
+    return (
+        1 + int((recipe.data.retrieval_max_needles - 1) * progress),
+        0.1 + 0.9 * progress,
+        round(start + (VALUE_LENGTH - start) * progress),
+    )
+
+
+def curriculum_stages(recipe: Recipe) -> list[tuple[int, int]]:
+    """Every (most needles, words per value) pair of the steps that make needle documents (after the copy
+    warm-up). Both move monotonically, so the steps where the needle count changes, the ones just before, and
+    the ends are all the stages there are."""
+    first, last = recipe.data.copy_warmup_steps, recipe.train.steps - 1
+    if first > last:
+        return []
+    last = min(max(first, recipe.train.steps // 2), last)  # from mid-training on nothing changes
+    needles = lambda step: curriculum(step, recipe)[0]  # noqa: E731
+    points = {first, last}
+    for n in range(needles(first) + 1, needles(last) + 1):
+        change = first + bisect_left(range(first, last + 1), n, key=needles)
+        points |= {change, change - 1}
+    return sorted({(needles(step), curriculum(step, recipe)[2]) for step in points})
+
+
+def needle_documents(recipe: Recipe) -> list[tuple[int, int, int, int, str]]:
+    """Every kind of needle document a run makes: (tokens available, needles, queries, words per value, what).
+
+    Training rows hold seq_len + 1 tokens (inputs and targets), less the BOS the recipe may put first; the
+    curriculum's (needles, words) pairs are all listed, since words per value may shrink as needles grow."""
     data, train, tasks = recipe.data, recipe.train, recipe.tasks
-    # (length, needles, queries, words per value, what); training rows hold seq_len + 1 tokens (inputs and targets)
-    documents = [
-        (train.seq_len + 1, 1, 1, data.retrieval_value_words_start, "[train] seq_len + 1 (first training needle documents)"),
-        (train.seq_len + 1, data.retrieval_max_needles, data.retrieval_max_needles, VALUE_LENGTH,
-         "[train] seq_len + 1 (last training needle documents)"),
-        *((train.seq_len, n, 1, VALUE_LENGTH, "[train] seq_len (retrieval evaluation after training)") for n in tasks.retrieval_needles),
-        *((c, n, 1, VALUE_LENGTH, f"[tasks] retrieval_contexts {c}") for c in tasks.retrieval_contexts for n in tasks.retrieval_needles),
-    ]
-    if data.retrieval_fraction == 0:
-        documents = documents[2:]  # no needle rows in training
-    for length, needles, queries, words, what in documents:
-        need = min_document_tokens(needles, queries, words)
-        if length < need:
-            raise ConfigError(f"{what} = {length} tokens cannot hold {needles} needle(s) of {words}-word values (at least {need} tokens)")
+    bos = int(train.bos)
+    documents = []
+    if data.retrieval_fraction > 0:
+        documents += [(train.seq_len + 1 - bos, n, n, words, f"[train] seq_len + 1{' - BOS' * bos} (training needle documents)")
+                      for n, words in curriculum_stages(recipe)]
+    documents += [(train.seq_len - bos, n, 1, VALUE_LENGTH, f"[train] seq_len{' - BOS' * bos} (retrieval evaluation after training)") for n in tasks.retrieval_needles]
+    documents += [(c, n, 1, VALUE_LENGTH, f"[tasks] retrieval_contexts {c}") for c in tasks.retrieval_contexts for n in tasks.retrieval_needles]
+    return documents
+
+
+def check_needles_fit(recipe: Recipe, need: Callable[[int, int, int], int] = min_document_tokens, unit: str = "tokens") -> None:
+    """Needle documents must fit their lengths, or training or evaluation would fail after hours of work.
+
+    `need(needles, queries, words)`: tokens a document needs; by default a bound for any tokenizer (a token per
+    word), which the recipe can be checked against before a tokenizer exists; training checks again with its own."""
+    for length, needles, queries, words, what in needle_documents(recipe):
+        needed = need(needles, queries, words)
+        if length < needed:
+            raise ConfigError(f"{what} = {length} tokens cannot hold {needles} needle(s) of {words}-word values (at least {needed} {unit})")
 
 
 def _check_emergence_options(recipe: Recipe) -> None:

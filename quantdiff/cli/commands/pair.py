@@ -26,11 +26,12 @@ def pair(
     from quantdiff.cli.validate import check_positive
     from quantdiff.core.errors import ConfigError
     from quantdiff.core.savedir import check_target, save_pair
-    from quantdiff.models.pairs import ALL_KINDS, KINDS, SizePreset, build_pair, lambda_parameter_count, parameter_count
+    from quantdiff.models.pairs import ALL_KINDS, KINDS, SizePreset, build_pair, check_seed, lambda_parameter_count, parameter_count
 
     check_positive(hidden_size=hidden_size, layers=layers, heads=heads, vocab_size=vocab_size, context=context)
     if kv_heads < 0:
         raise ConfigError(f"--kv-heads must be at least 0 (0 = --heads), got {kv_heads}")
+    check_seed(seed, "--seed")
     check_target(out, force, flag="OUT", kind="pair")
     preset = SizePreset(hidden_size, layers, heads, kv_heads or None, None, vocab_size, context)
     models = build_pair(preset, seed=seed, kinds=ALL_KINDS if diffv2 else KINDS)

@@ -29,7 +29,7 @@ from quantdiff.attention.observe import observe
 from quantdiff.models import structure
 from quantdiff.eval.tasks.choice import encode_pair
 from quantdiff.data.needles import Filler, NeedleExample, make_needle_example
-from quantdiff.eval.scoring import Progress, left_pad, model_device, next_token_logits
+from quantdiff.eval.scoring import Progress, left_pad, model_device, next_token_logits, note_scored
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ def greedy_generate(model: nn.Module, prompts: list[list[int]], n_tokens: int) -
     seqs = [list(p) for p in prompts]
     for _ in range(n_tokens):
         logits = next_token_logits(model, seqs)[:, -1]  # (B, V): left padding puts every last token at -1
+        note_scored(logits)
         for seq, token in zip(seqs, logits.argmax(dim=-1).tolist()):
             seq.append(token)
     return [seq[len(p) :] for seq, p in zip(seqs, prompts)]

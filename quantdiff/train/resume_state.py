@@ -1,0 +1,88 @@
+"""The state.json of a training checkpoint, checked field by field against the recipe before a run resumes.
+
+The state decides how many steps are left and what the finished run reports (its loss and held-out curves),
+so a value the run itself could not have written (a step outside 0..steps, a curve of the wrong length, a
+string where a loss belongs) is refused with one line instead of training the wrong number of steps or
+saving a partly trained pair as finished.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from quantdiff.core.errors import ConfigError, LoadError
+from quantdiff.models.pairs import KINDS
+from quantdiff.train.recipe import Recipe
+
+FIELDS = ("recipe", "step", "elapsed_s", "loss", "held_out")
+OPTIONAL_FIELDS = ("outliers",)  # absent from checkpoints written before emergence tracking
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_loss(value: Any) -> bool:
+    """A logged loss: a number, or null (a diverged step's NaN, which strict JSON writes as null)."""
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _nan_for_null(values: list) -> list[float]:
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def _per_kind(state: dict, name: str) -> dict[str, list]:
+    value = state[name]
+    if not isinstance(value, dict) or sorted(value) != sorted(KINDS) or not all(isinstance(v, list) for v in value.values()):
+        raise ValueError(f"{name} must map {' and '.join(KINDS)} to lists")
+    return value
+
+
+def _check_fields(state: Any, recipe: Recipe) -> dict:
+    """The state with logged nulls back to NaN; ValueError naming the first field that is wrong."""
+    cfg = recipe.train
+    if not isinstance(state, dict):
+        raise ValueError("is not a JSON object")
+    missing = [name for name in FIELDS if name not in state]
+    unknown = sorted(set(state) - set(FIELDS) - set(OPTIONAL_FIELDS))
+    if missing or unknown:
+        raise ValueError(f"lacks {', '.join(missing)}" if missing else f"has unknown field {unknown[0]!r}")
+    step = state["step"]
+    if not _is_int(step) or not 0 <= step <= cfg.steps:
+        raise ValueError(f"step {step!r} is not a whole number in 0..{cfg.steps} (the recipe's steps)")
+    elapsed = state["elapsed_s"]
+    if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool) or not math.isfinite(elapsed) or elapsed < 0:
+        raise ValueError(f"elapsed_s {elapsed!r} is not a non-negative number of seconds")
+    losses = _per_kind(state, "loss")
+    for kind, curve in losses.items():
+        if len(curve) != step or not all(_is_loss(v) for v in curve):
+            raise ValueError(f"loss of {kind} must hold one number per step ({step})")
+    evals = list(range(cfg.eval_every, step + 1, cfg.eval_every))
+    held_out = _per_kind(state, "held_out")
+    for kind, curve in held_out.items():
+        pairs_ok = all(isinstance(p, list) and len(p) == 2 and _is_loss(p[1]) for p in curve)
+        if not pairs_ok or [p[0] for p in curve] != evals:
+            raise ValueError(f"held_out of {kind} must hold [step, loss] at steps {evals[:3]}{'…' if len(evals) > 3 else ''}")
+    outliers = _per_kind(state, "outliers") if "outliers" in state else {kind: [] for kind in KINDS}
+    for kind, entries in outliers.items():
+        expected = evals if cfg.outlier_sequences and "outliers" in state else []
+        if not all(isinstance(e, dict) for e in entries) or [e.get("step") for e in entries] != expected:
+            raise ValueError(f"outliers of {kind} must hold one entry per held-out evaluation")
+    return {
+        **state,
+        "loss": {kind: _nan_for_null(curve) for kind, curve in losses.items()},
+        "held_out": {kind: [[s, math.nan if v is None else float(v)] for s, v in curve] for kind, curve in held_out.items()},
+        "outliers": outliers,
+    }
+
+
+def checked_state(state: Any, recipe: Recipe, where: Path) -> dict:
+    """`state` (read from `where`) if every field is one this recipe's run could have written; else one line."""
+    if isinstance(state, dict) and "recipe" in state and state["recipe"] != recipe.source:
+        raise ConfigError(f"the checkpoint in {where} was made by a different recipe: remove it or pass --force")
+    try:
+        return _check_fields(state, recipe)
+    except ValueError as exc:
+        raise LoadError(f"corrupt training checkpoint {where}: state.json {exc}; remove it or pass --force") from None

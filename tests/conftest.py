@@ -26,3 +26,12 @@ def tiny_pair(tiny_preset):
     from quantdiff.models.pairs import build_pair
 
     return {kind: model.eval() for kind, model in build_pair(tiny_preset, seed=0, attn_implementation="eager").items()}
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The built-in real model's dequantized directory: converted once into the user cache (as `quantdiff` does
+    for users), then reused by every test and every later run."""
+    from quantdiff.models.names import resolve
+
+    return resolve("smollm2")[0]

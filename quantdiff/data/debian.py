@@ -12,14 +12,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from quantdiff.core.cache import cache_dir
 from quantdiff.core.errors import DataError
 
 SYSTEM_ROOT = Path("/")
-
-
-def cache_dir() -> Path:
-    """`$QUANTDIFF_CACHE`, else `~/.cache/quantdiff`: where corpora and derived data sets live."""
-    return Path(os.environ.get("QUANTDIFF_CACHE") or Path.home() / ".cache" / "quantdiff")
 
 
 def corpus_root() -> Path:

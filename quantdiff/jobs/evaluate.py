@@ -52,8 +52,8 @@ def run_models(
     return cells
 
 
-def report(cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool) -> None:
-    """Print the cells as a table; write them as JSON if asked."""
+def report(cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool, sources: dict[str, dict | None] | None = None) -> None:
+    """Print the cells as a table; write them as JSON if asked, with each model's `sources` record."""
     from quantdiff.report.console import table_console
     from quantdiff.report.sweep_report import sweep_table
 
@@ -61,6 +61,6 @@ def report(cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: boo
     out = table_console(table, highlight=False)  # piped: whole rows, not rich's 80 columns
     out.print(table)
     if json_path is not None:
-        write_json(json_path, cells_to_json(cells), indent=2)
+        write_json(json_path, cells_to_json(cells, sources), indent=2)
         if not quiet:
             out.print(f"json -> {json_path}")

@@ -98,6 +98,7 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     from quantdiff.jobs.stats import StatsOptions
     from quantdiff.jobs.stats import run as run_stats
     from quantdiff.eval.sweep import Cell, cells_to_json, plan_sweep
+    from quantdiff.models.source import model_sources
     from quantdiff.report.emergence import emergence_markdown, plot_emergence, read_series
     from quantdiff.report.sweep_report import plot_sweep
     from quantdiff.jobs.real_model import run_real_model
@@ -140,7 +141,7 @@ def reproduce(options: ReproduceOptions, console) -> Path:
             task_cells = run_models(specs, task, configs, None, options.device, quiet=False)
             plot_sweep(task_cells, tmp / f"sweep_{task.name}.png", task.headline)
             cells += task_cells
-        sweep_doc = cells_to_json(cells)
+        sweep_doc = cells_to_json(cells, model_sources(specs))
         write_json(tmp / "sweep.json", sweep_doc, indent=2)
         series = read_series(dirs)
         if series:

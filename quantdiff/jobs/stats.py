@@ -103,6 +103,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     Returns the JSON document on rank 0, None on other ranks.
     """
     from quantdiff.core.atomic import write_json
+    from quantdiff.models.source import model_source
     from quantdiff.quant.checkpoint import load
     from quantdiff.report.stats_report import render, write_plots
     from quantdiff.stats.schema import document, model_entry
@@ -125,7 +126,8 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
             del loaded
             if stats is not None:
                 named.append((model.name, stats))
-                entries.append(_with_definitions(model_entry(model.name, str(model.path), stats), collected, capped, options))
+                entry = {**model_entry(model.name, str(model.path), stats), "source": model_source(model.path)}
+                entries.append(_with_definitions(entry, collected, capped, options))
     if rank != 0:
         return None
     doc = document(entries, {

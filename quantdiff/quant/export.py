@@ -18,6 +18,7 @@ from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.atomic import json_text
 from quantdiff.core.savedir import MARKER, atomic_dir, check_target
 from quantdiff.models.loading import PICKLE_SUFFIXES, load
+from quantdiff.models.source import model_source
 from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors
 from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets
 
@@ -74,6 +75,7 @@ def export_quantized(
         "dtype": str(dtype).removeprefix("torch."),
         "attention": None if attention is None else attention.to_dict(),
         "quantdiff_version": __version__,
+        "source": model_source(source),  # a GGUF file: the export quantizes its dequantized weights
     }
 
     tensors = _plain_tensors(model, {f"{fqn}.weight" for fqn in chosen})

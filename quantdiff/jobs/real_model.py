@@ -47,13 +47,14 @@ def weight_formats(plan: RealModelPlan) -> list:
 def measure_statistics(model: nn.Module, tokenizer, name: str, path: str, plan: RealModelPlan) -> dict:
     """The stats JSON entry of `model` (as `quantdiff stats` writes it) over held-out corpus sequences."""
     from quantdiff.data.sources import load_sequences, make_batches
+    from quantdiff.models.source import model_source
     from quantdiff.stats.collect import collect
     from quantdiff.stats.schema import model_entry
 
     tokenize = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     sequences = load_sequences(STATS_SOURCE, tokenize, plan.stats_tokens, plan.seq_len, model.config.vocab_size)
     batches = make_batches(sequences, 4, getattr(model.config, "pad_token_id", None) or 0)
-    return model_entry(name, path, collect(model, batches).stats)
+    return {**model_entry(name, path, collect(model, batches).stats), "source": model_source(path)}
 
 
 def measure_lm(model: nn.Module, tokenizer, name: str, plan: RealModelPlan, progress: Callable | None = None) -> tuple[list[dict], list[dict]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from quantdiff.models.source import describe_source
 from quantdiff.report.markdown import ACTIVATIONS, md_table, table5_row
 from quantdiff.report.numbers import number
 from quantdiff.report.stats_report import massive_line, sink_line
@@ -67,7 +68,9 @@ def real_model_markdown(doc: dict) -> str:
     reference = next(c for c in doc["cells"] if c["method"] is None)
     return "\n\n".join([
         f"## A real pretrained model: `{doc['model']}`",
-        f"Measured by this run ({doc['seconds']:.0f} s) on `{doc['model']}` ({doc['path']}): {stats['layers']} layers, "
+        f"Measured by this run ({doc['seconds']:.0f} s) on `{doc['model']}` ({doc['path']}"
+        + (f"; {describe_source(stats['source'])}, the statistics are of the dequantized model" if stats.get("source") else "")
+        + f"): {stats['layers']} layers, "
         f"{stats['heads']} heads, width {stats['hidden_size']}. Statistics over {stats['tokens']:,} held-out corpus tokens "
         f"(sequences of {plan['seq_len']}); the sweep on the first {plan['windows']} held-out windows of {plan['context']} "
         f"tokens ({int(reference['tokens']):,} scored next tokens). All rows are **ours**.",

@@ -70,7 +70,7 @@ def test_reproduce_micro_recipe_end_to_end(tmp_path, monkeypatch, capsys):
         pytest.skip("corpus not installed (scripts/setup.sh installs it)")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "micro.toml").write_text(MICRO_RECIPE)
-    main(["reproduce", "micro.toml", "--out", "rep", "--tasks", "choice,retrieval"])
+    main(["reproduce", "micro.toml", "--out", "rep", "--tasks", "choice,retrieval", "--real-model", "none"])
     assert "report -> rep/report.md" in capsys.readouterr().out.replace("\\", "/")
     assert (tmp_path / "runs" / "micro" / "diff" / "model.safetensors").is_file()
 

@@ -10,7 +10,7 @@ with the weights exactly as its export would reload them. Sized to take a few mi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -82,7 +82,7 @@ def measure(model: nn.Module, tokenizer, name: str, path: str, plan: RealModelPl
     return {
         "model": name,
         "path": path,
-        "plan": {**plan.__dict__, "stats_source": STATS_SOURCE, "lm_source": "held-out corpus windows"},
+        "plan": {**asdict(plan), "stats_source": STATS_SOURCE, "lm_source": "held-out corpus windows"},
         "stats": stats,
         "cells": cells,
         "weight_only": weight_only,

@@ -27,7 +27,8 @@ def _one_model(model: str | Path) -> Path:
 
 
 def load(model: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None, **kwargs) -> nn.Module:
-    """A built-in name ('tiny/diff'), a local model directory or a quantdiff export, on the quantdiff backend.
+    """A built-in name ('tiny/diff', 'smollm2'), a local model directory, a GGUF file (its dequantized copy), a
+    hub id or a quantdiff export, on the quantdiff backend.
 
     device: default CUDA when present, else CPU; other keywords (`device_map`, `tile_size`) as `checkpoint.load`.
     """
@@ -35,7 +36,7 @@ def load(model: str | Path, device: str | torch.device | None = None, dtype: tor
 
 
 def load_tokenizer(model: str | Path):
-    """The tokenizer stored with a model (built-in name or directory)."""
+    """The tokenizer stored with a model (any name `load` takes)."""
     return loading.load_tokenizer(_one_model(model))
 
 

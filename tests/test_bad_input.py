@@ -93,6 +93,63 @@ def _run_dir_not_ours(tmp: Path) -> None:
     (tmp / "run" / "standard" / "data.csv").write_text("not a model")
 
 
+# Loading: exactly what will be loaded, checked before anything is allocated.
+def _stray_file_holds_missing(d: Path) -> None:
+    """model.safetensors lacks a tensor that an unindexed file beside it holds: transformers never reads that file."""
+    tensors = load_file(d / "model.safetensors")
+    save_file({"model.layers.0.mlp.up_proj.weight": tensors.pop("model.layers.0.mlp.up_proj.weight")}, d / "extra.safetensors")
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+
+
+def _header_dtype(d: Path, name: str, dtype: str) -> None:
+    """Rewrite one tensor's dtype in the header only (same byte size): the bytes are reinterpreted."""
+    file = d / "model.safetensors"
+    data = file.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + length])
+    header[name]["dtype"] = dtype
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(length)
+    assert len(text) == length
+    file.write_bytes(data[:8] + text + data[8 + length :])
+
+
+def _config(**changes):
+    def edit(d: Path) -> None:
+        config = json.loads((d / "config.json").read_text())
+        config.update(changes)
+        (d / "config.json").write_text(json.dumps(config))
+    return edit
+
+
+def _config_list(d: Path) -> None:
+    (d / "config.json").write_text(json.dumps([json.loads((d / "config.json").read_text())]))
+
+
+def _sharded(d: Path, shards: dict[str, list[str]], index: dict[str, str]) -> None:
+    """Split model.safetensors into the shards named (all other tensors in the first) and write an index."""
+    tensors = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    rest = [n for n in tensors if not any(n in names for names in shards.values())]
+    for i, (file, names) in enumerate(shards.items()):
+        save_file({n: tensors[n] for n in names + (rest if i == 0 else [])}, d / file, metadata={"format": "pt"})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+
+
+def _index_names_missing_shard(d: Path) -> None:
+    names = list(load_file(d / "model.safetensors"))
+    _sharded(d, {"a.safetensors": []}, {n: "a.safetensors" for n in names} | {names[0]: "b.safetensors"})
+
+
+def _tensor_in_two_shards(d: Path) -> None:
+    names = list(load_file(d / "model.safetensors"))
+    both = "model.layers.0.mlp.up_proj.weight"
+    _sharded(d, {"a.safetensors": [both], "b.safetensors": [both]}, {n: "a.safetensors" for n in names} | {"x": "b.safetensors"})
+
+
+def _all_integer(d: Path) -> None:
+    _edit_weights(d, lambda t: t.update({k: v.round().to(torch.int32) for k, v in t.items()}))
+
+
 MISSING = lambda t: t.pop("model.layers.0.mlp.up_proj.weight")  # noqa: E731
 UNEXPECTED = lambda t: t.__setitem__("model.extra.weight", torch.zeros(3))  # noqa: E731
 WRONG_SHAPE = lambda t: t.__setitem__("model.layers.0.mlp.up_proj.weight", torch.zeros(5, 3))  # noqa: E731
@@ -146,6 +203,26 @@ CASES = [
     ("train-force-over-foreign-dir", ["train", "{tmp}/r.toml", "--out", "{tmp}/run", "--force"], None, _run_dir_not_ours, "not written by quantdiff"),
     ("train-device-nonsense", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe('device = "nonsense"\n'), "[train] device"),
     ("train-binary-recipe", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, lambda t: (t / "r.toml").write_bytes(b"\xff\xfe\x00\x81"), "not UTF-8"),
+    # Loading: exactly what will be loaded, checked before anything is allocated.
+    ("stray-unindexed-file-hides-nothing", ["quantize", "{src}", "--out", "{tmp}/q"], _stray_file_holds_missing, None, "missing model.layers.0.mlp.up_proj.weight"),
+    ("header-dtype-f32-to-i32", ["stats", "{src}", "--tokens", "64"], lambda d: _header_dtype(d, "model.layers.0.self_attn.q_proj.weight", "I32"), None, "stores model.layers.0.self_attn.q_proj.weight as I32"),
+    ("integer-tensors-throughout", ["info", "{src}"], _all_integer, None, "as I32 and"),
+    ("index-names-missing-shard", ["info", "{src}"], _index_names_missing_shard, None, "b.safetensors, which does not exist"),
+    ("tensor-in-two-shards", ["info", "{src}"], _tensor_in_two_shards, None, "stored in both a.safetensors and b.safetensors"),
+    ("config-hidden-size-disagrees", ["info", "{src}"], _config(hidden_size=65536, intermediate_size=65536), None, "wrong shape"),
+    ("config-hidden-size-text", ["info", "{src}"], _config(hidden_size="abc"), None, "hidden_size must be a positive integer, got 'abc'"),
+    ("config-layers-fraction", ["stats", "{src}"], _config(num_hidden_layers=2.5), None, "num_hidden_layers must be a positive integer, got 2.5"),
+    ("config-heads-zero", ["info", "{src}"], _config(num_attention_heads=0), None, "num_attention_heads must be a positive integer, got 0"),
+    ("config-heads-not-dividing", ["info", "{src}"], _config(num_attention_heads=3, head_dim=None), None, "num_attention_heads (3) does not divide hidden_size (128)"),
+    ("config-heads-disagree-with-weights", ["info", "{src}"], _config(num_attention_heads=3), None, "wrong shape model.layers.0.self_attn.o_proj.weight [128, 128] (model: [128, 96])"),
+    ("config-json-list", ["info", "{src}"], _config_list, None, "must hold a JSON object, not a list"),
+    ("config-falcon-head-dim", ["info", "{src}"], _config(model_type="falcon", architectures=["FalconForCausalLM"], head_dim=16), None, "head_dim"),
+    ("info-hub-id-dotdot", ["info", "org/.."], None, None, "nor a valid hub id"),
+    ("info-hub-id-inner-dotdot", ["info", "org/a..b"], None, None, "nor a valid hub id"),
+    ("eval-mistyped-local-path", ["eval", "fx/nope"], None, None, "no such local directory, and not in the hub cache"),
+    ("quantize-revision-on-local-dir", ["quantize", "{src}", "--out", "{tmp}/q", "--revision", "main"], None, None, "--revision applies to hub ids only"),
+    ("info-revision-on-built-in", ["info", "tiny", "--revision", "main"], None, None, "--revision applies to hub ids only"),
+    ("gguf-corrupt", ["info", "{tmp}/x.gguf"], None, lambda t: (t / "x.gguf").write_bytes(b"GGUF" + bytes(64)), "unreadable GGUF file"),
 ]
 if not torch.cuda.is_available():
     CASES += [

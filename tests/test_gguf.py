@@ -14,7 +14,6 @@ import torch
 from safetensors import safe_open
 
 from quantdiff.cli.app import main
-from quantdiff.core.errors import LoadError
 from quantdiff.models import gguf_model
 from quantdiff.models.names import resolve, wheel_file
 from quantdiff.models.source import SOURCE_FILE, model_source
@@ -84,6 +83,7 @@ def test_weights_equal_an_independent_dequantization(smollm2_dir, reader, gguf_n
     assert torch.equal(stored, torch.from_numpy(np.array(expected)))
 
 
+@pytest.mark.slow
 def test_smollm2_loads_and_predicts(smollm2_dir):
     """Through the public API by name; the model continues a common phrase as a trained LM would."""
     import quantdiff
@@ -144,6 +144,64 @@ def _tiny_gguf(path: Path, architecture: str) -> Path:
     return path
 
 
+TINY_LLAMA = {  # GGUF name: (rows, columns) of a one-layer Llama, width 8, 2 heads, vocabulary 16
+    "token_embd.weight": (16, 8), "output_norm.weight": (8,), "blk.0.attn_norm.weight": (8,), "blk.0.ffn_norm.weight": (8,),
+    "blk.0.attn_q.weight": (8, 8), "blk.0.attn_k.weight": (8, 8), "blk.0.attn_v.weight": (8, 8), "blk.0.attn_output.weight": (8, 8),
+    "blk.0.ffn_gate.weight": (16, 8), "blk.0.ffn_up.weight": (16, 8), "blk.0.ffn_down.weight": (8, 16),
+}
+
+
+def _tiny_llama_gguf(path: Path, leave_out: str | None = None) -> dict[str, np.ndarray]:
+    """A float32 Llama GGUF with a minimal tokenizer; returns the tensors written."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_context_length(32)
+    writer.add_embedding_length(8)
+    writer.add_feed_forward_length(16)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(4)
+    writer.add_vocab_size(16)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(16)])
+    writer.add_token_merges([])
+    writer.add_token_scores([0.0] * 16)
+    writer.add_token_types([1] * 16)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    rng = np.random.default_rng(0)
+    tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in TINY_LLAMA.items() if name != leave_out}
+    for name, tensor in tensors.items():
+        writer.add_tensor(name, tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tensors
+
+
+def test_any_gguf_path_loads_with_its_exact_values(tmp_path, cache):
+    written = _tiny_llama_gguf(tmp_path / "tiny.gguf")
+    model = __import__("quantdiff").load(tmp_path / "tiny.gguf", device="cpu")
+    assert torch.equal(model.model.layers[0].mlp.down_proj.weight, torch.from_numpy(written["blk.0.ffn_down.weight"]))
+    assert torch.equal(model.model.layers[0].self_attn.q_proj.weight, torch.from_numpy(_unpermute(written["blk.0.attn_q.weight"], 2)))
+    assert model_source(resolve(tmp_path / "tiny.gguf")[0])["quantization"] == "F32"
+
+
+def test_a_gguf_missing_a_tensor_is_refused_not_initialised(tmp_path, cache, capsys):
+    """transformers would fill the tensor randomly; the copy would then be cached as if it had been read."""
+    _tiny_llama_gguf(tmp_path / "tiny.gguf", leave_out="blk.0.ffn_down.weight")
+    with pytest.raises(SystemExit):
+        main(["info", str(tmp_path / "tiny.gguf")])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing model.layers.0.mlp.down_proj.weight" in err, err
+    assert not cache.exists() or not any(cache.iterdir())
+
+
 @pytest.mark.parametrize("make, words", [
     (lambda p: p.write_bytes(b"GGUF" + bytes(range(256)) * 4), "unreadable GGUF file"),
     (lambda p: p.write_bytes(b"not a gguf file at all"), "unreadable GGUF file"),
@@ -159,6 +217,7 @@ def test_unreadable_gguf_is_one_line_and_leaves_no_cache_entry(tmp_path, cache, 
     assert not cache.exists() or not any(cache.iterdir())
 
 
+@pytest.mark.slow
 def test_stats_json_and_quantize_record_the_source(smollm2_dir, tmp_path):
     """Every output says what was measured: the dequantized model of a Q4_1 GGUF file."""
     (tmp_path / "words.txt").write_text("The quick brown fox jumps over the lazy dog. " * 20)
@@ -171,3 +230,16 @@ def test_stats_json_and_quantize_record_the_source(smollm2_dir, tmp_path):
     summary = export_quantized(smollm2_dir, tmp_path / "q", parse_export("absmax", 8))
     section = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
     assert summary.description["source"]["quantization"] == section["source"]["quantization"] == "Q4_1"
+
+
+@pytest.mark.slow
+def test_eval_json_and_info_name_the_source(smollm2_dir, tmp_path, capsys, monkeypatch):
+    (tmp_path / "words.txt").write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    main(["eval", str(wheel_file("smollm2")), "--task", "lm", "--data", str(tmp_path / "words.txt"), "--context", "16",
+          "--limit", "1", "--quiet", "--json", str(tmp_path / "e.json")])
+    doc = json.loads((tmp_path / "e.json").read_text())
+    name = "SmolLM2-135M-Instruct.Q4_1.gguf"  # a GGUF path is named by its file, not by the cache directory
+    assert doc["cells"][0]["model"] == name and doc["sources"] == {name: model_source(smollm2_dir)}
+    monkeypatch.setenv("COLUMNS", "200")
+    main(["info", "smollm2"])
+    assert "GGUF Q4_1, dequantized to float32" in capsys.readouterr().out

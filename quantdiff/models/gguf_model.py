@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from quantdiff.core.atomic import write_json
 from quantdiff.core.cache import cache_dir
@@ -44,7 +46,7 @@ def gguf_facts(path: Path) -> dict:
     except CONVERSION_ERRORS as exc:
         raise LoadError(f"unreadable GGUF file {path}: {type(exc).__name__}: {_first_line(exc)}") from None
     if file_type is not None:
-        quantization = gguf.LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_")
+        quantization = gguf.LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     else:  # an optional field: name the file by the type most of its tensors have
         quantization = tensor_types.most_common(1)[0][0] if tensor_types else "none"
     return {"architecture": architecture, "quantization": quantization, "tensor_types": dict(sorted(tensor_types.items()))}
@@ -85,19 +87,38 @@ def gguf_model_dir(path: str | Path) -> Path:
     return directory
 
 
+@contextmanager
+def no_conversion_bar() -> Iterator[None]:
+    """transformers draws a tqdm bar while dequantizing, which no setting turns off: it would stand beside the
+    one `error:` line of a file that fails, and beside quantdiff's own progress bars."""
+    from functools import partial
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    original = gguf_utils.tqdm
+    gguf_utils.tqdm = partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def convert(path: Path, out: Path, sha256: str) -> None:
     """Dequantize GGUF `path` with transformers into model directory `out` (written atomically: an interrupted
     conversion leaves nothing that looks complete), with its tokenizer and source record."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantdiff.models.loading import quiet_load_report
+    from quantdiff.models.loading import check_loading_report, loading_reports, quiet_load_report
 
     facts = gguf_facts(path)
     where = dict(pretrained_model_name_or_path=path.parent, gguf_file=path.name, local_files_only=True)
     try:
-        with quiet_load_report():
+        with quiet_load_report(), loading_reports() as reports, no_conversion_bar():
             model = AutoModelForCausalLM.from_pretrained(**where, dtype=getattr(torch, DTYPE))
+        # A tensor the file lacks would be initialised randomly, then cached as if it had been read.
+        check_loading_report(reports[-1], path, type(model).__name__)
+        with quiet_load_report():
             tokenizer = AutoTokenizer.from_pretrained(**where)
     except CONVERSION_ERRORS as exc:
         raise LoadError(f"cannot read GGUF file {path} ({facts['architecture']}, {facts['quantization']}) with transformers: {_first_line(exc)}") from None

@@ -7,24 +7,28 @@ runs remote code only when asked (`trust_remote_code=True`), never unpickles: on
 from __future__ import annotations
 
 import copy
-import json
+import logging
 import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors import SafetensorError, safe_open
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 import quantdiff.attention.backend as attention
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
+from quantdiff.models.config_check import check_heads, check_raw_sizes
+from quantdiff.models.stored import check_float_dtypes, read_config_json, stored_bytes, stored_tensors
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
-MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 SHOWN = 3  # names listed in a mismatch message
+# A checkpoint whose names transformers converts is compared by name only after loading: until then, never
+# allocate more than this multiple of the values it stores (a few missing tensors pass, a wrong width does not).
+ALLOCATION_SLACK = 1.5
 
 
 def check_model_dir(path: str | Path) -> Path:
@@ -36,8 +40,8 @@ def check_model_dir(path: str | Path) -> Path:
         raise LoadError(f"model path is not a directory: {path}")
     if not (path / "config.json").is_file():
         raise LoadError(f"no config.json in {path}: not a Hugging Face model directory")
-    weights = sorted(path.glob("*.safetensors"))
-    if not weights:
+    read_config_json(path)
+    if not any(path.glob("*.safetensors")):
         pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickled:
             raise LoadError(
@@ -45,38 +49,23 @@ def check_model_dir(path: str | Path) -> Path:
                 "(convert them with a tool you trust)"
             )
         raise LoadError(f"no .safetensors weights in {path}")
-    for file in weights:
-        _check_safetensors(file)
+    stored_tensors(path)  # exactly the files that will load: present, whole, readable
     return path
-
-
-def _check_safetensors(file: Path) -> None:
-    """Parse the header and check that every tensor's bytes are present: catches truncated or corrupt files."""
-    size = file.stat().st_size
-    try:
-        with file.open("rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            if size < 8 or header_len > min(size - 8, MAX_HEADER_BYTES):  # read nothing absurd into memory
-                raise LoadError(f"corrupt safetensors file {file}: its header claims {header_len:,} bytes of a {size:,}-byte file")
-            header = json.loads(f.read(header_len))
-        data_end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-        raise LoadError(f"unreadable safetensors header in {file}: {type(exc).__name__}") from None
-    if file.stat().st_size < 8 + header_len + data_end:
-        raise LoadError(f"truncated safetensors file {file}: {file.stat().st_size} bytes, its header needs {8 + header_len + data_end}")
-    try:
-        with safe_open(str(file), framework="pt"):
-            pass
-    except (SafetensorError, OSError) as exc:
-        raise LoadError(f"unreadable safetensors file {file}: {str(exc).splitlines()[0]}") from None
 
 
 def load_config(path: str | Path, trust_remote_code: bool = False):
     path = check_model_dir(path)
+    raw = read_config_json(path)
+    check_raw_sizes(raw, path / "config.json")
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-    except (ValueError, KeyError, OSError) as exc:
-        raise LoadError(f"cannot read config.json in {path}: {str(exc).splitlines()[0]}") from None
+        with quiet_load_report(logging.CRITICAL):
+            config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    except StrictDataclassError as exc:  # transformers' own validation of the fields and their relations
+        cause = exc.__cause__ or exc
+        raise LoadError(f"invalid config.json in {path}: {' '.join(str(cause).split())}") from None
+    except (ValueError, KeyError, OSError, TypeError, AttributeError) as exc:
+        raise LoadError(f"cannot read config.json in {path}: {' '.join(str(exc).split())}") from None
+    check_heads(config, raw, path / "config.json")
     remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
         raise LoadError(f"unsupported architecture {config.model_type!r}: not a transformers causal LM")
@@ -102,16 +91,19 @@ def load(
     tile_size: int | None = attention.DEFAULT_TILE_SIZE,
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    """A model from a local directory, in eval mode, on the quantdiff attention backend with taps attached.
+    """A model from a local directory, in eval mode, on the quantdiff backend with taps attached.
 
     device: where to put it (default: CUDA if available, else CPU). device_map: passed to accelerate
     instead (e.g. "auto" for models larger than one device). trust_remote_code: run the model's own Python
-    code (off unless asked for).
+    code (off unless asked for). The directory must hold exactly the model's tensors, as transformers' own
+    loader maps them (checked from the headers before anything is allocated, then from its loading report).
     """
+    path = Path(path)
     config = load_config(path, trust_remote_code)
     attention.register()
     _check_uses_registry(config)
-    # Mismatched shapes are reported by check_checkpoint_tensors, in one line, instead of transformers' report.
+    check_before_allocating(path, config, dtype, None if device_map is not None else available_memory(), trust_remote_code)
+    # Mismatched shapes are reported by check_loading_report, in one line, instead of transformers' report.
     kwargs = dict(
         local_files_only=True, trust_remote_code=trust_remote_code, use_safetensors=True, attn_implementation=attention.BACKEND_NAME,
         ignore_mismatched_sizes=True,
@@ -120,37 +112,120 @@ def load(
         kwargs["dtype"] = dtype
     if device_map is not None:
         kwargs["device_map"] = device_map
-    try:
-        with quiet_load_report():
-            model = AutoModelForCausalLM.from_pretrained(Path(path), config=copy.deepcopy(config), **kwargs)
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
-        raise LoadError(f"cannot load {path}: {str(exc).splitlines()[0]}") from None
-    check_checkpoint_tensors(model, Path(path))
+    with quiet_load_report(), loading_reports() as reports:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, config=copy.deepcopy(config), **kwargs)
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            if reports:  # transformers raises after its report when a conversion failed: the report says why
+                check_loading_report(reports[-1], path, (getattr(config, "architectures", None) or [config.model_type])[0])
+            raise LoadError(f"cannot load {path}: {str(exc).splitlines()[0]}") from None
+    check_loading_report(reports[-1], path, type(model).__name__)
     if device_map is None:
         model.to(resolve_device(device))
     return prepare(model, tile_size)
 
 
+def skeleton(config, trust_remote_code: bool = False) -> PreTrainedModel:
+    """The model `config` describes, on the meta device: its parameter names and shapes, no memory."""
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError, ZeroDivisionError, RuntimeError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise LoadError(f"config.json does not describe a {config.model_type} model transformers can build: {reason}") from None
+
+
+def check_before_allocating(path: Path, config, dtype: torch.dtype | None, budget: int | None, trust_remote_code: bool = False) -> None:
+    """From the headers of exactly the files that will load, before any weight is allocated: refuse integer
+    weights, tensors that do not match the model `config` describes (a wrong hidden_size would otherwise
+    allocate the larger model first), and a model larger than `budget` bytes of memory."""
+    tensors = stored_tensors(path)
+    if getattr(config, "quantization_config", None) is not None:
+        return  # quantized storage: its packing decides dtypes and sizes (transformers' quantizer checks them)
+    model = skeleton(config, trust_remote_code)
+    buffers = {name for name, _ in model.named_buffers()}
+    check_float_dtypes(tensors, path, tolerated={n for n in tensors if n in buffers or _computed_buffer(model, n)})
+    names = set(model.state_dict(keep_vars=True))
+    if all(n in names or _computed_buffer(model, n) for n in tensors):  # stored under the in-memory names
+        check_tensors(model, {n: t.shape for n, t in tensors.items()}, path)
+    # Otherwise transformers converts the names (e.g. per-expert tensors fused) and its loading report names any
+    # problem after loading; here a config describing far more values than are stored is refused unallocated.
+    needed = {id(t): t for t in model.state_dict(keep_vars=True).values()}.values()  # tied weights once
+    expected, held = sum(t.numel() for t in needed), sum(t.numel for t in tensors.values())
+    if expected > ALLOCATION_SLACK * held:
+        raise LoadError(
+            f"{path}: config.json describes {expected:,} weight values but the checkpoint stores {held:,}: "
+            "the config does not match the stored tensors (refused before allocating)"
+        )
+    size = expected * dtype.itemsize if dtype is not None else stored_bytes(tensors)
+    if budget is not None and size > budget:
+        raise LoadError(f"{path} needs {size / 1e9:.1f} GB of memory, {budget / 1e9:.1f} GB are available")
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine can still give (psutil comes with accelerate)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
 @contextmanager
-def quiet_load_report() -> Iterator[None]:
-    """transformers logs a multi-line table of missing/unexpected/mismatched keys; we report them in one line."""
+def loading_reports() -> Iterator[list]:
+    """Collect transformers' own loading report (missing, unexpected and mismatched keys after its key
+    conversion, and conversion errors) of each from_pretrained call in the block, also when it then raises."""
+    import transformers.modeling_utils as modeling_utils
+
+    original = modeling_utils.log_state_dict_report
+    reports: list = []
+
+    def capture(*args, loading_info, **kwargs):
+        reports.append(loading_info)
+        return original(*args, loading_info=loading_info, **kwargs)
+
+    modeling_utils.log_state_dict_report = capture
+    try:
+        yield reports
+    finally:
+        modeling_utils.log_state_dict_report = original
+
+
+def check_loading_report(info, where: str | Path, model_name: str) -> None:
+    """LoadError naming the first few tensors transformers found missing, unexpected, of the wrong shape or not
+    convertible: transformers would initialise them randomly (or drop them) and go on; we refuse."""
+    missing = sorted(info.missing_keys)
+    unexpected = sorted(info.unexpected_keys)
+    wrong = [f"{k} {list(stored)} (model: {list(model)})" for k, stored, model in sorted(info.mismatched_keys, key=str)]
+    unconverted = [f"{k} ({_conversion_reason(str(v))})" for k, v in sorted(info.conversion_errors.items())]
+    _refuse(where, model_name, missing=missing, unexpected=unexpected, wrong=wrong, unconverted=unconverted + list(info.error_msgs))
+
+
+def _conversion_reason(text: str) -> str:
+    """The exception line of a conversion error (transformers stores a whole traceback)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    return (raised or lines or [""])[-1]
+
+
+def _refuse(where: str | Path, model_name: str, **problems: list[str]) -> None:
+    labels = {"missing": "missing", "unexpected": "unexpected", "wrong": "wrong shape", "unconverted": "not convertible"}
+    parts = [f"{labels[what]} {', '.join(names[:SHOWN])}" + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+             for what, names in problems.items() if names]
+    if parts:
+        raise LoadError(f"{where} does not hold exactly the tensors of {model_name}: {'; '.join(parts)}")
+
+
+@contextmanager
+def quiet_load_report(level: int = logging.ERROR) -> Iterator[None]:
+    """transformers logs a multi-line table of missing/unexpected/mismatched keys (and, for a config it cannot
+    set, the whole config as an error): we report them in one line."""
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity(level)
     try:
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
-
-
-def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """{tensor name: shape} of every safetensors file in a model directory, read from the headers only."""
-    shapes = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
-    return shapes
 
 
 def _tied_groups(model: torch.nn.Module) -> dict[str, set[str]]:
@@ -181,22 +256,16 @@ def _computed_buffer(model: torch.nn.Module, key: str) -> bool:
 
 
 def check_tensors(model: torch.nn.Module, stored: dict[str, tuple[int, ...]], where: str | Path) -> None:
-    """LoadError naming the first few tensors the model has but `stored` lacks, has but the model does not,
-    or has with another shape. Tied weights need one stored copy; non-persistent buffers are not expected."""
+    """For tensors stored under the in-memory state_dict names (quantdiff's exports, and every checkpoint whose
+    names transformers does not convert): LoadError naming the first few tensors the model has but `stored`
+    lacks, has but the model does not, or has with another shape. Tied weights need one stored copy;
+    non-persistent buffers are not expected."""
     expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
     groups = _tied_groups(model)
     missing = [k for k in expected if not any(name in stored for name in groups.get(k, {k}))]
     unexpected = [k for k in stored if k not in expected and not _computed_buffer(model, k)]
     wrong = [f"{k} {list(stored[k])} (model: {list(expected[k])})" for k in stored if k in expected and stored[k] != expected[k]]
-    problems = [f"{what} {', '.join(names[:SHOWN])}" + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
-                for what, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)) if names]
-    if problems:
-        raise LoadError(f"{where} does not hold exactly the tensors of {type(model).__name__}: {'; '.join(problems)}")
-
-
-def check_checkpoint_tensors(model: torch.nn.Module, path: Path) -> None:
-    """After from_pretrained: transformers initialises a missing tensor randomly and goes on; we refuse."""
-    check_tensors(model, stored_shapes(path), path)
+    _refuse(where, type(model).__name__, missing=missing, unexpected=unexpected, wrong=wrong)
 
 
 def prepare(model: PreTrainedModel, tile_size: int | None = attention.DEFAULT_TILE_SIZE) -> PreTrainedModel:

@@ -25,7 +25,7 @@ def quantize(
     context: Annotated[Optional[int], typer.Option("--context", help="Tokens per window (lm) or document (retrieval) for --eval.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="--eval on the first N items only.")] = None,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept decoder layers without an nn.Linear to quantize.")] = False,
-    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit) when MODEL is a hub id.")] = None,
+    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit); only for a hub id MODEL (an error otherwise).")] = None,
 ) -> None:
     """Quantize the linear weights inside the decoder layers and write a complete model directory."""
     from rich.console import Console

@@ -93,6 +93,22 @@ def test_absmax_round_trip_is_exact(sources, tmp_path, bits):
     assert torch.equal(_logits(reloaded), expect)
 
 
+@pytest.mark.parametrize("group_size", [16, 48], ids=["G=16", "G=48-ragged"])  # widths 64 and 256: 48 leaves a shorter last group
+def test_groupwise_absmax_round_trip_is_exact(sources, tmp_path, group_size):
+    export_quantized(sources["standard"], tmp_path / "q", AbsmaxExport(4, group_size))
+    section = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
+    assert section["granularity"] == f"group-{group_size}" and section["group_size"] == group_size
+    reloaded = load_quantized(tmp_path / "q", device="cpu")
+    method = AbsmaxMethod(4, weight_group_size=group_size)
+    model, expect = _in_memory(sources["standard"], QuantConfig(method, LinearSite(inputs=False)))
+    params = dict(reloaded.named_parameters())
+    for fqn, module in linear_targets(model, LinearSite()):
+        grouped = fake_quant_weight(module.weight, method)
+        assert torch.equal(params[f"{fqn}.weight"], grouped), fqn
+        assert not torch.equal(grouped, fake_quant_weight(module.weight, AbsmaxMethod(4))), fqn  # groups differ from rows
+    assert torch.equal(_logits(reloaded), expect)
+
+
 def test_llm_int8_round_trip_quantizes_activations_too(sources, tmp_path):
     export_quantized(sources["diff"], tmp_path / "q", LLMInt8Export())
     reloaded = load_quantized(tmp_path / "q", device="cpu")
@@ -230,8 +246,11 @@ def test_nf4_export_loads_in_transformers(sources, tmp_path):
         (["--attention-bits", "17"], "bits"),
         (["--attention-bits", "8", "--attention-site", "linear"], "logits or qk"),
         (["--attention-bits", "8", "--attention-method", "llm-int8"], "use site 'qk'"),
+        (["--group-size", "0"], "--group-size must be positive"),
+        (["--method", "nf4", "--group-size", "64"], "--group-size does nothing with --method nf4"),
     ],
-    ids=["bits=1", "bits=9", "bits=x", "nf4-bits=8", "unknown-method", "attention-bits=17", "attention-linear", "attention-llm-int8-logits"],
+    ids=["bits=1", "bits=9", "bits=x", "nf4-bits=8", "unknown-method", "attention-bits=17", "attention-linear", "attention-llm-int8-logits",
+         "group-size=0", "group-size-nf4"],
 )
 def test_cli_bad_arguments(sources, tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -331,6 +350,9 @@ def test_load_refuses_foreign_or_mismatched_directories(sources, tmp_path):
 
 def test_parse_export():
     assert parse_export("absmax", "16") == AbsmaxExport(16)
+    assert parse_export("absmax", 4, group_size=128) == AbsmaxExport(4, 128)
+    with pytest.raises(ConfigError, match="absmax export option"):
+        parse_export("llm-int8", 8, group_size=128)
     assert parse_export("llm-int8", 8, threshold=5.0) == LLMInt8Export(5.0)
     assert parse_export("fp4", 4) == Bnb4bitExport("fp4")
 

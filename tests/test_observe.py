@@ -25,9 +25,10 @@ LENGTHS = (16, 11, 14)  # right padding in rows 1 and 2
 
 
 def _reference(model, ids, mask):
-    """Full (B, H, T, T) logits per layer (masked entries included) and each decoder layer's output."""
+    """Full (B, H, T, T) logits per layer (masked entries included), each decoder layer's output, and the inputs of
+    its q_proj and gate_proj (the normed hidden states that enter attention and the FFN)."""
     ref = copy.deepcopy(model)
-    logits, hidden = {}, {}
+    logits, hidden, inputs = {}, {}, {}
 
     def capture(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         k = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)  # (B, H, T, D)
@@ -41,6 +42,9 @@ def _reference(model, ids, mask):
         layer.register_forward_hook(lambda _m, _a, out, i=i: hidden.__setitem__(i, out[0] if isinstance(out, tuple) else out))
         for i, layer in enumerate(ref.model.layers)
     ]
+    for i, layer in enumerate(ref.model.layers):
+        for which, linear in enumerate((layer.self_attn.q_proj, layer.mlp.gate_proj)):
+            handles.append(linear.register_forward_pre_hook(lambda _m, args, key=(i, which): inputs.__setitem__(key, args[0])))
     with torch.no_grad():
         ref(input_ids=ids, attention_mask=mask)
     for h in handles:
@@ -49,7 +53,7 @@ def _reference(model, ids, mask):
     real = mask.bool()
     causal = torch.ones(t, t).tril().bool()
     valid = causal[None] & real[:, :, None] & real[:, None, :]  # (B, T, T): query rows, key columns
-    return [logits[i] for i in range(len(logits))], [hidden[i] for i in range(len(hidden))], valid, real
+    return [logits[i] for i in range(len(logits))], [hidden[i] for i in range(len(hidden))], valid, real, inputs
 
 
 def _model_and_batch(kind: str, preset: SizePreset):
@@ -63,18 +67,18 @@ def _model_and_batch(kind: str, preset: SizePreset):
         for row, n in enumerate(LENGTHS):
             mask[row, :n] = 1
         ids[mask == 0] = PAD
-        logits, hidden, valid, real = _reference(model, ids, mask)
+        logits, hidden, valid, real, inputs = _reference(model, ids, mask)
         both_real = real[:, :, None] & real[:, None, :]
         above = both_real & ~valid
         if all(l.abs().masked_fill(~above[:, None], 0).amax() > l.abs().masked_fill(~valid[:, None], 0).amax() for l in logits):
-            return model, ids, mask, (logits, hidden, valid, real)
+            return model, ids, mask, (logits, hidden, valid, real, inputs)
     raise AssertionError("no input with a masked causal entry as the largest logit")
 
 
 @pytest.mark.parametrize("tile_size", [5, None], ids=["tile=5", "tile=all"])
 @pytest.mark.parametrize("kind", ["standard", "diff"])
 def test_stats_equal_topk_of_independently_materialised_activations(tiny_preset, kind, tile_size):
-    model, ids, mask, (logits, hidden, valid, real) = _model_and_batch(kind, tiny_preset)
+    model, ids, mask, (logits, hidden, valid, real, inputs) = _model_and_batch(kind, tiny_preset)
     # Padding and non-causal entries are the largest of all: they must never show up.
     assert max(l.abs().amax() for l in logits) > max(l.abs().masked_fill(~valid[:, None], 0).amax() for l in logits)
     assert max(h.abs().amax() for h in hidden) > max(h.abs().masked_fill(~real[..., None], 0).amax() for h in hidden)
@@ -119,7 +123,8 @@ def test_stats_equal_topk_of_independently_materialised_activations(tiny_preset,
     check(hidden_block, torch.cat(real_hidden), K)
     for layer, ref in enumerate(real_hidden):
         check(hidden_block["per_layer"][layer], ref, K)
-        assert hidden_block["channel_absmax"][layer] == pytest.approx(hidden[layer][real].abs().amax(0).tolist(), rel=1e-5)
+        both = torch.cat([inputs[layer, 0][real], inputs[layer, 1][real]])  # (positions of both inputs, D)
+        assert stats["linear_inputs"]["channel_absmax"][layer] == pytest.approx(both.abs().amax(0).tolist(), rel=1e-5)
     for entry in hidden_block["topk"]:
         seq = entry["sequence"] - FIRST_SEQUENCE
         assert real[seq, entry["position"]]

@@ -158,7 +158,7 @@ def test_stats_find_the_planted_massive_activation_and_head(kind, dtype, device)
     tolerance = 1e-6 if dtype == "float32" else 1e-2  # bf16 Q/K: the tiled and the full matmul may round apart
     assert top_logit["value"] == pytest.approx(logit_value, rel=tolerance), f"logit top-1 {top_logit['value']} vs naive {logit_value}"
     assert (top_logit["layer"], top_logit["head"], top_logit["sequence"], top_logit["query"], top_logit["key"]) == logit_at
-    assert CHANNEL in summary["hidden_states"]["outlier_features"]["channels"]
+    assert summary["linear_inputs"]["outlier_features"]["channels"] == [CHANNEL]
     others = [h for layer in summary["attention_logits"]["per_head"] for h in layer]
     assert sorted(h["max"] for h in others)[-2] < logit_value / 10  # only the planted head is huge
 

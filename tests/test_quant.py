@@ -13,6 +13,7 @@ from quantdiff.quant.numerics import (
     absmax,
     absmax_quantize,
     fake_quantize_with_absmax,
+    groupwise_absmax_quantize,
     llm_int8_matmul,
     outlier_features,
     qmax,
@@ -217,3 +218,28 @@ def test_outlier_features_per_leading_index():
 def test_weight_shape_mismatch_is_a_config_error():
     with pytest.raises(ConfigError, match="does not fit"):
         llm_int8_matmul(torch.ones(2, 3), torch.ones(4, 5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=matrices(max_side=13), bits=st.integers(2, 8), group_size=st.integers(1, 6))
+def test_groupwise_absmax_equals_naive_per_group_loops(x, bits, group_size):
+    """Groups of G consecutive inputs per row, the last one shorter when G does not divide the width."""
+    q = 2 ** (bits - 1) - 1
+    expect = torch.empty_like(x)
+    for i in range(x.shape[0]):
+        for start in range(0, x.shape[1], group_size):
+            group = x[i, start : start + group_size]
+            amax = group.abs().max()
+            inv = q / amax
+            inv = inv if torch.isfinite(inv) else torch.tensor(0.0)  # zero or denormal group: codes 0, no NaN
+            expect[i, start : start + group_size] = (group * inv).round().clamp(-q, q) * (amax / q)
+    result = groupwise_absmax_quantize(x, bits, group_size)
+    assert torch.equal(result.dequant, expect)
+    assert result.scale.shape == (x.shape[0], -(-x.shape[1] // group_size))
+    assert result.codes.shape == x.shape and int(result.codes.abs().max()) <= q
+
+
+@pytest.mark.parametrize("group_size", [0, -4, 2.5, True])
+def test_bad_group_size_raises_config_error(group_size):
+    with pytest.raises(ConfigError, match="group size"):
+        groupwise_absmax_quantize(torch.ones(2, 8), 4, group_size)

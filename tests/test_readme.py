@@ -24,6 +24,9 @@ SKIPPED = {
     "quantdiff stats MY_MODEL": "MY_MODEL stands for the reader's own model",
     "torchrun": "MY_MODEL stands for the reader's own model; needs several processes",
     "quantdiff train": "trains a pair for half an hour; training is tested by test_train.py",
+    "quantdiff stats smollm2": "the real model (minutes on two cores): its figures are checked by test_real_model.py",
+    "quantdiff sweep smollm2": "the real model (minutes on two cores): its figures are checked by test_real_model.py",
+    "quantdiff quantize smollm2": "the real model (minutes on two cores): its exports are checked by test_real_model.py",
 }
 # Commands that run but take longer than ~20 s on two CPU cores; they read the corpus (their default data).
 SLOW = ("quantdiff stats tiny", "quantdiff sweep tiny", "quantdiff eval tiny")

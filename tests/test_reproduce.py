@@ -70,7 +70,7 @@ def test_reproduce_micro_recipe_end_to_end(tmp_path, monkeypatch, capsys):
         pytest.skip("corpus not installed (scripts/setup.sh installs it)")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "micro.toml").write_text(MICRO_RECIPE)
-    main(["reproduce", "micro.toml", "--out", "rep", "--tasks", "choice,retrieval"])
+    main(["reproduce", "micro.toml", "--out", "rep", "--tasks", "choice,retrieval", "--real-model", "none"])
     assert "report -> rep/report.md" in capsys.readouterr().out.replace("\\", "/")
     assert (tmp_path / "runs" / "micro" / "diff" / "model.safetensors").is_file()
 
@@ -172,3 +172,16 @@ def test_reproduce_refuses_a_foreign_directory(tmp_path, capsys):
     assert exit_info.value.code != 0
     assert "not empty" in capsys.readouterr().err
     assert (out / "mine.txt").read_text() == "keep me"
+
+
+def test_real_model_section_says_why_when_the_model_cannot_load(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from quantdiff.jobs.real_model import run_real_model
+
+    console = Console(file=io.StringIO())
+    section = run_real_model(str(tmp_path / "no-such-model"), tmp_path, "cpu", console)
+    assert section.startswith("## A real pretrained model") and "Not measured: " in section
+    assert "not measured" in console.file.getvalue() and not (tmp_path / "real_model.json").exists()

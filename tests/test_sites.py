@@ -307,3 +307,19 @@ def test_linear_site_halves(weights, inputs):
     expect_x = naive_fake_quant(x, 3, (2,)) if inputs else x
     expect_w = naive_fake_quant(weight, 3, (1,)) if weights else weight
     torch.testing.assert_close(y, F.linear(expect_x, expect_w, layer.bias), rtol=1e-5, atol=1e-6)
+
+
+def test_group_size_is_an_absmax_linear_weight_option():
+    from quantdiff.eval.sweep import Cell, cell_label, cells_from_json, cells_to_json, plan_sweep
+
+    config = parse_config("absmax", 4, "linear", group_size=128)
+    assert config.method.weight_group_size == 128 and QuantConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert "weight_group_size" not in parse_config("absmax", 4, "linear").to_dict()["method"]  # per channel: as before
+    with pytest.raises(ConfigError, match="not site 'qk'"):
+        parse_config("absmax", 4, "qk", group_size=128)
+    with pytest.raises(ConfigError, match="group size must be a positive integer"):
+        parse_config("absmax", 4, "linear", group_size=0)
+    plan = plan_sweep(["absmax", "llm-int8"], [8, 4], ["linear"], group_size=64)
+    assert [c.method.weight_group_size for c in plan.configs] == [64, 64] and "llm-int8 at site linear" in plan.skipped[0]
+    cell = Cell("m", "lm", "absmax", 4, "linear", {"accuracy": 0.5}, group_size=64)
+    assert cell_label(cell) == "absmax 4b g64 @linear" and cells_from_json(cells_to_json([cell])) == [cell]

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from quantdiff.stats.absstats import AbsStats
 from quantdiff.stats.channels import ChannelStats
+from quantdiff.stats.massive import massive_activation
 from quantdiff.stats.histogram import N_BINS, QUANTILE_RELATIVE_ERROR, bin_codes, histogram_index, quantile_values
 from quantdiff.stats.model_stats import ModelStats
 from quantdiff.stats.tile import fused_tile, tile_summary
@@ -151,24 +152,40 @@ def test_fewer_values_than_k():
 
 
 def test_outlier_features_follow_the_llm_int8_definition():
-    layers, positions, channels = 4, 100, 5
-    x = torch.zeros(layers, positions, channels)
-    x[:, :10, 0] = 7.0  # 10% of positions in every layer: outlier feature
-    x[:1, :50, 1] = -8.0  # 50% of positions but 1 of 4 layers = 25%: outlier feature (≥ 25%)
-    x[:, :5, 2] = 9.0  # 5% of positions (< 6%) in every layer: not one
-    x[:, :50, 3] = 5.9  # below the magnitude threshold: not one
+    layers, positions, channels = 4, 100, 6
+    x = torch.zeros(layers, 2, positions, channels)  # (layer, attention/FFN input, position, channel)
+    x[:, 0, :10, 0] = 7.0  # 10% of the attention input's positions in every layer: outlier feature
+    x[:1, 1, :50, 1] = -8.0  # 50% of positions but 1 of 4 layers = 25%: outlier feature (≥ 25%)
+    x[:, :, :5, 2] = 9.0  # 5% of positions (< 6%) in every layer: not one
+    x[:, :, :50, 3] = 5.9  # below the magnitude threshold: not one
+    x[:2, 0, :4, 4] = 6.0  # 4% of the attention input and 4% of the FFN input: each < 6%, so not one
+    x[:2, 1, 4:8, 4] = 6.0
     stats = ChannelStats.empty(layers, channels)
     for layer in range(layers):
-        stats.update(layer, x[layer, :60])  # positions in two batches must pool
-        stats.update(layer, x[layer, 60:])
-    naive = [
-        c for c in range(channels)
-        if sum(((x[l, :, c].abs() >= 6).float().mean() >= 0.06).item() for l in range(layers)) >= 0.25 * layers
-    ]
+        for which in (0, 1):
+            stats.update(layer, which, x[layer, which, :60])  # positions in two batches must pool
+            stats.update(layer, which, x[layer, which, 60:])
+    holds = lambda l, c: any(((x[l, w, :, c].abs() >= 6).float().mean() >= 0.06).item() for w in (0, 1))  # noqa: E731
+    naive = [c for c in range(channels) if sum(holds(l, c) for l in range(layers)) >= 0.25 * layers]
     assert stats.outlier_features() == naive == [0, 1]
+    assert stats.outlier_summary()["layers"] == [4, 1]
     assert stats.absmax[:, 2].tolist() == [9.0] * layers
     back = ChannelStats.from_dict(json.loads(json.dumps(stats.to_dict())))
     assert back.outlier_features() == [0, 1] and torch.equal(back.absmax, stats.absmax)
+
+
+def test_massive_activation_is_located_and_judged_by_sun_et_al_criterion():
+    def hidden(values_at: list[tuple[float, int, int]], medians: list[float]) -> dict:
+        topk = [{"value": v, "layer": l, "sequence": 0, "position": p, "channel": 3} for v, l, p in values_at]
+        return {"topk": topk, "per_layer": [{"max": max([v for v, l, _ in values_at if l == i] or [1.0]), "median": m} for i, m in enumerate(medians)]}
+
+    found = massive_activation(hidden([(2000.0, 1, 0), (150.0, 0, 4)], [0.1, 1.5]))
+    assert (found["value"], found["layer"], found["position"], found["channel"]) == (2000.0, 1, 0, 3)
+    assert found["first_position"] and found["massive"] and found["ratio"] == pytest.approx(2000 / 1.5)
+    assert found["layers"] == [0, 1] and found["channels"] == [3]
+    assert not massive_activation(hidden([(99.0, 0, 2)], [0.01]))["massive"]  # not above 100
+    assert not massive_activation(hidden([(500.0, 0, 2)], [1.0]))["massive"]  # only 500× the median
+    assert massive_activation({"topk": [], "per_layer": []}) is None
 
 
 def test_model_stats_round_trip_and_merge():
@@ -176,7 +193,7 @@ def test_model_stats_round_trip_and_merge():
     # layer 1 only; locations (layer, head, sequence, query, key) and (layer, sequence, position, channel)
     a.logits.update(_heavy_tailed((2, 4, 30), seed=8), 4, None, lambda s, h, m: torch.stack([s * 0 + 1, h, s, m // 6, m % 6], 1))
     a.hidden.update(_heavy_tailed((2, 1, 24), seed=9), 1, None, lambda s, _, m: torch.stack([s * 0 + 1, s, m // 8, m % 8], 1))
-    a.channels.update(1, _heavy_tailed((3, 8), seed=10) * 10)
+    a.linear_inputs.update(1, 0, _heavy_tailed((3, 8), seed=10) * 10)
     a.tokens, a.sequences = 6, 2
     back = ModelStats.from_dict(json.loads(json.dumps(a.to_dict())))
     assert back.summary() == a.summary()

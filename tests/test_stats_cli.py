@@ -40,7 +40,7 @@ def test_pair_writes_versioned_json_and_plots(pair_dir, tmp_path):
     main(_stats(pair_dir, "--tokens", "700", "--seq-len", "64", "--batch-size", "3", "--tile-size", "16",
                 "--json", str(out), "--plot", str(plots), "--quiet"))
     doc = json.loads(out.read_text())
-    assert (doc["schema"], doc["version"]) == ("quantdiff.stats", 1)
+    assert (doc["schema"], doc["version"]) == ("quantdiff.stats", 2)
     assert 0 < doc["quantile_relative_error"] <= 0.001
     assert [m["name"] for m in doc["models"]] == ["standard", "diff"]
     assert [m["kind"] for m in doc["models"]] == ["standard", "diff"]

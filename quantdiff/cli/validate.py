@@ -30,3 +30,10 @@ def refuse_unused(reason: str, **given: object) -> None:
     unused = [f"--{name.replace('_', '-')}" for name, value in given.items() if value is not None and value is not False]
     if unused:
         raise ConfigError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing {reason}")
+
+
+def check_group_option(group_size: int | None, sites: list[str]) -> None:
+    """--group-size: a positive integer, and only where the linear site's weights are quantized."""
+    check_positive(group_size=group_size)
+    if group_size is not None and sites != ["linear"]:
+        raise ConfigError(f"--group-size sets the linear site's weight groups: use it with --site linear, not {','.join(sites)}")

@@ -31,6 +31,7 @@ class Cell:
     site: str | None
     metrics: dict[str, float | None] = field(default_factory=dict)
     nonfinite_logits: int = 0  # scored positions whose logits held NaN/Inf: > 0 makes the cell invalid
+    group_size: int | None = None  # absmax weights in groups of this many inputs (linear site); None: per channel
 
     @property
     def is_reference(self) -> bool:
@@ -41,8 +42,9 @@ class Cell:
         return self.nonfinite_logits == 0
 
     def to_dict(self) -> dict[str, Any]:
+        grouped = {} if self.group_size is None else {"group_size": self.group_size}
         return {"model": self.model, "task": self.task, "method": self.method, "bits": self.bits, "site": self.site,
-                **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits}
+                **grouped, **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits}
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,9 @@ class SweepPlan:
     skipped: list[str]  # one line per unsupported (method, site) pair
 
 
-def plan_sweep(methods: Sequence[str], bits: Sequence[int], sites: Sequence[str]) -> SweepPlan:
-    """Every supported (method, site, bits) configuration; unknown names are errors, unsupported pairs skipped."""
+def plan_sweep(methods: Sequence[str], bits: Sequence[int], sites: Sequence[str], group_size: int | None = None) -> SweepPlan:
+    """Every supported (method, site, bits) configuration; unknown names are errors, unsupported pairs skipped.
+    group_size: absmax weights at the linear site in groups of that many inputs (LLM.int8 is then skipped)."""
     methods = [method_name(name) for name in methods]
     for name in sites:
         site_name(name)
@@ -62,7 +65,7 @@ def plan_sweep(methods: Sequence[str], bits: Sequence[int], sites: Sequence[str]
     for method in dict.fromkeys(methods):
         for site in dict.fromkeys(sites):
             try:
-                configs.extend(parse_config(method, b, site) for b in dict.fromkeys(bits))
+                configs.extend(parse_config(method, b, site, group_size=group_size) for b in dict.fromkeys(bits))
             except ConfigError as exc:  # names and bits are valid, so this pair is unsupported
                 skipped.append(f"{method} at site {site}: {exc}")
     if not configs:
@@ -78,12 +81,19 @@ def describe(config: QuantConfig | None) -> tuple[str | None, int | None, str | 
     return data["method"]["name"], data["method"]["bits"], data["site"]["name"]
 
 
-def label(method: str | None, bits: int | None, site: str | None) -> str:
-    return REFERENCE if method is None else f"{method} {bits}b @{site}"
+def group_size_of(config: QuantConfig | None) -> int | None:
+    """The weight group size of a configuration, None when weights are per output channel (or not quantized)."""
+    return None if config is None else getattr(config.method, "weight_group_size", None)
+
+
+def label(method: str | None, bits: int | None, site: str | None, group_size: int | None = None) -> str:
+    if method is None:
+        return REFERENCE
+    return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'} @{site}"
 
 
 def cell_label(cell: Cell) -> str:
-    return label(cell.method, cell.bits, cell.site)
+    return label(cell.method, cell.bits, cell.site, cell.group_size)
 
 
 CellProgress = Callable[[str, int], Callable[[float], None]]  # (label, total units) -> advance(n)
@@ -94,12 +104,12 @@ def run_cell(
 ) -> Cell:
     """One cell. Non-finite logits at any scored position make it invalid: its metrics become None (null in
     JSON), since an argmax over NaN picks a token anyway and would pass for an accuracy."""
-    advance = progress(f"{name} · {label(*describe(config))}", len(prepared)) if progress is not None else None
+    advance = progress(f"{name} · {label(*describe(config), group_size_of(config))}", len(prepared)) if progress is not None else None
     with quantized(model, config, allow_partial), counting_scored_logits() as scored:
         metrics: dict[str, float | None] = dict(task.evaluate(model, prepared, advance))
     if scored.nonfinite:
         metrics.update(dict.fromkeys(task.metrics))
-    return Cell(name, task.name, *describe(config), metrics, scored.nonfinite)
+    return Cell(name, task.name, *describe(config), metrics, scored.nonfinite, group_size_of(config))
 
 
 def run_model_cells(
@@ -138,5 +148,6 @@ def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None 
 
 
 def cells_from_json(data: dict[str, Any]) -> list[Cell]:
-    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits")
-    return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0)) for d in data["cells"]]
+    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size")
+    return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0), d.get("group_size"))
+            for d in data["cells"]]

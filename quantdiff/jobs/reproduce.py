@@ -3,8 +3,8 @@
 A pair is the shipped one ("tiny"), or the one a recipe trains into runs/<recipe>/ (trained first if missing).
 The statistics and the accuracy sweep run on the same held-out corpus text (the statistics with a BOS token
 first when the recipe trained with one); the report directory holds report.md, stats.json, sweep.json and the
-PNG plots (with emergence.png when the train logs carry an outlier series), and appears only once everything
-in it is written.
+PNG plots (with emergence.png when the train logs carry an outlier series), and — unless turned off — a real
+pretrained model's section (`jobs.real_model`, with real_model.json); it appears only once everything in it is written.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class ReproduceOptions:
     tasks: tuple[str, ...] = ("lm", "choice", "retrieval")
     device: str | None = None
     force: bool = False
+    real_model: str | None = "smollm2"  # a real pretrained model measured too (jobs.real_model); None: not run
 
 
 def find_pair(target: str, console) -> tuple[Recipe, dict[str, Path]]:
@@ -100,6 +101,7 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     from quantdiff.models.source import model_sources
     from quantdiff.report.emergence import emergence_markdown, plot_emergence, read_series
     from quantdiff.report.sweep_report import plot_sweep
+    from quantdiff.jobs.real_model import run_real_model
 
     check_target(options.out, options.force, flag="--out", kind="report")  # before any training or loading
     recipe, dirs = find_pair(options.target, console)
@@ -156,5 +158,6 @@ def reproduce(options: ReproduceOptions, console) -> Path:
             "tasks": ", ".join(f"{t.name}" for t in tasks),
             "run time": f"{time.perf_counter() - started:.0f} s",
         }
-        write_report_markdown(tmp / "report.md", stats_doc, sweep_doc, kinds, context, emergence_markdown(series))
+        real = [run_real_model(options.real_model, tmp, options.device, console)] if options.real_model else []
+        write_report_markdown(tmp / "report.md", stats_doc, sweep_doc, kinds, context, emergence_markdown(series), real)
     return options.out / "report.md"

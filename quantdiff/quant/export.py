@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -192,3 +194,20 @@ def _verify(file: Path, tensors: Tensors) -> None:
     bad = sorted(k for k in tensors if k not in stored or not _same_bits(stored[k], tensors[k]))
     if bad or stored.keys() != tensors.keys():
         raise LoadError(f"export check failed: {file} does not read back what was written ({(bad or ['keys'])[0]})")
+
+
+@contextmanager
+def stored_weights(model: nn.Module, fmt: ExportFormat, include_lm_head: bool = False) -> Iterator[nn.Module]:
+    """`model` inside the block with its linear weights as an export in `fmt` stores and `load_quantized` decodes
+    them (weight-only: activations stay in float, also for llm-int8); the original Parameters come back after."""
+    originals = []
+    try:
+        for _, module in linear_targets(model, LinearSite(include_lm_head=include_lm_head)):
+            weight = module.weight
+            originals.append((module, weight))
+            decoded = fmt.decode(fmt.encode(weight.detach()), weight.shape, weight.dtype)
+            module.weight = nn.Parameter(decoded.to(weight.device), requires_grad=False)
+        yield model
+    finally:
+        for module, weight in originals:
+            module.weight = weight

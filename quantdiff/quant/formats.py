@@ -2,8 +2,9 @@
 
 Formats are small config types, each knowing how to encode one linear weight into safetensors entries and
 decode it back:
-- `AbsmaxExport(bits)`: per-output-channel symmetric codes from `quant.absmax_quantize` (the `linear` site's
-  own quantizer), densely bit-packed (`packing`), one float32 scale per channel. Our own layout.
+- `AbsmaxExport(bits, group_size)`: symmetric codes from the `linear` site's own weight quantizer, densely
+  bit-packed (`packing`), one float32 scale per output channel or per group of `group_size` inputs of each
+  output channel. Our own layout.
 - `LLMInt8Export(threshold)`: bitsandbytes' Linear8bitLt layout (int8 `weight`, float32 `SCB` = row absmax),
   loadable by `transformers.AutoModelForCausalLM.from_pretrained(DIR)` with bitsandbytes.
 - `Bnb4bitExport(quant_type)`: bitsandbytes' Linear4bit layout (nf4 / fp4, blocks of 64), quantized by
@@ -23,7 +24,17 @@ from dataclasses import dataclass
 import torch
 
 from quantdiff.core.errors import ConfigError, LoadError
-from quantdiff.quant.numerics import LLM_INT8_THRESHOLD, MAX_BITS, PerRow, absmax_quantize, check_bits, vectorwise_quantize
+from quantdiff.quant.numerics import (
+    LLM_INT8_THRESHOLD,
+    MAX_BITS,
+    PerRow,
+    absmax_quantize,
+    check_bits,
+    check_group_size,
+    expand_group_scales,
+    groupwise_absmax_quantize,
+    vectorwise_quantize,
+)
 from quantdiff.quant.packing import pack_codes, unpack_codes
 from quantdiff.quant.registry import EXPORT_METHODS, check_name, parse_bit_width
 
@@ -36,24 +47,43 @@ Tensors = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class AbsmaxExport:
+    """Per output channel (`weight_scale` (out,)), or with `group_size` G per group of G inputs of each output
+    channel (`weight_scale` (out, ⌈in/G⌉), the last group shorter when G does not divide the width)."""
+
     bits: int
+    group_size: int | None = None
 
     name = "absmax"
 
     def __post_init__(self) -> None:
         if check_bits(self.bits) not in ABSMAX_EXPORT_BITS:
             raise ConfigError(f"absmax export takes bits 2–8 or 16, got {self.bits}")
+        if self.group_size is not None:
+            check_group_size(self.group_size)
 
     def encode(self, weight: torch.Tensor) -> Tensors:
-        result = absmax_quantize(weight, self.bits, PerRow())  # the linear site's weight quantizer
-        return {"weight_packed": pack_codes(result.codes, self.bits), "weight_scale": result.scale.reshape(-1)}
+        # the linear site's weight quantizer (sites.fake_quant_weight)
+        if self.group_size is None:
+            result = absmax_quantize(weight, self.bits, PerRow())
+        else:
+            result = groupwise_absmax_quantize(weight, self.bits, self.group_size)
+        return {"weight_packed": pack_codes(result.codes, self.bits), "weight_scale": result.scale.reshape(weight.shape[0], -1).squeeze(-1)}
 
     def decode(self, tensors: Tensors, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         codes = unpack_codes(tensors["weight_packed"], self.bits, shape)  # (out, in)
-        return (codes.float() * tensors["weight_scale"][:, None]).to(dtype)
+        scale = tensors["weight_scale"]
+        if self.group_size is None:
+            scale = scale[:, None]
+        else:
+            if scale.shape != (shape[0], -(-shape[1] // self.group_size)):
+                raise ValueError(f"weight_scale of shape {tuple(scale.shape)} does not hold groups of {self.group_size} of {tuple(shape)}")
+            scale = expand_group_scales(scale, self.group_size, shape[1])
+        return (codes.float() * scale).to(dtype)
 
     def describe(self) -> dict:
-        return {"method": self.name, "bits": self.bits, "granularity": "per-output-channel", "packing": "dense-lsb-first"}
+        granularity = "per-output-channel" if self.group_size is None else f"group-{self.group_size}"
+        grouped = {} if self.group_size is None else {"group_size": self.group_size}
+        return {"method": self.name, "bits": self.bits, "granularity": granularity, **grouped, "packing": "dense-lsb-first"}
 
 
 @dataclass(frozen=True)
@@ -124,12 +154,14 @@ class Bnb4bitExport:
 ExportFormat = AbsmaxExport | LLMInt8Export | Bnb4bitExport
 
 
-def parse_export(method: str, bits: int | str, threshold: float = LLM_INT8_THRESHOLD) -> ExportFormat:
-    """The CLI boundary: (method name, bits) → export format; ConfigError with a one-line message."""
+def parse_export(method: str, bits: int | str, threshold: float = LLM_INT8_THRESHOLD, group_size: int | None = None) -> ExportFormat:
+    """The CLI boundary: (method name, bits[, group size]) → export format; ConfigError with a one-line message."""
     check_name(method, EXPORT_METHODS, "export method")
     bits = parse_bit_width(bits)
     if method == "absmax":
-        return AbsmaxExport(bits)
+        return AbsmaxExport(bits, group_size)
+    if group_size is not None:
+        raise ConfigError(f"a group size is an absmax export option; --method {method} has its own layout")
     fmt: ExportFormat = LLMInt8Export(threshold) if method == "llm-int8" else Bnb4bitExport(method)
     if bits != fmt.bits:
         raise ConfigError(f"--method {method} stores {fmt.bits}-bit weights, got --bits {bits}")
@@ -139,7 +171,7 @@ def parse_export(method: str, bits: int | str, threshold: float = LLM_INT8_THRES
 def format_from_section(section: dict) -> ExportFormat:
     method = section.get("method")
     if method == "absmax":
-        return AbsmaxExport(section.get("bits"))
+        return AbsmaxExport(section.get("bits"), section.get("group_size"))
     if method == "llm-int8":
         return LLMInt8Export(section.get("threshold", LLM_INT8_THRESHOLD))
     if method in ("nf4", "fp4"):

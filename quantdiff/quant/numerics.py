@@ -60,7 +60,7 @@ def code_dtype(bits: int) -> torch.dtype:
 @dataclass(frozen=True)
 class QuantResult:
     codes: torch.Tensor  # int8 (≤ 8 bits) or int16, x's shape; 0 where masked out
-    scale: torch.Tensor  # float32, broadcastable to x: dequant = codes · scale
+    scale: torch.Tensor  # float32, broadcastable to x: dequant = codes · scale (group-wise: (..., groups), see there)
     dequant: torch.Tensor  # x's dtype: codes · scale where valid, x itself where masked out
 
 
@@ -156,6 +156,33 @@ def absmax_quantize(
 ) -> QuantResult:
     """Symmetric absmax: scale = max|x| / (2^(bits−1) − 1) per granularity group; only valid entries set it."""
     return quantize_with_absmax(x, absmax(x, granularity, mask, batch_dims), bits, mask)
+
+
+def check_group_size(group_size: object) -> int:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ConfigError(f"group size must be a positive integer, got {group_size!r}")
+    return group_size
+
+
+def groupwise_absmax_quantize(x: torch.Tensor, bits: int, group_size: int) -> QuantResult:
+    """Symmetric absmax over groups of `group_size` consecutive entries of the last axis (a weight (out, in):
+    groups along each output channel's inputs, as GPTQ/AWQ/llama.cpp group their weights), one scale per group.
+
+    A last axis that is not a multiple of `group_size` ends in a shorter group (zero-padded, and zeros never
+    raise a group's absmax), so a width like 576 takes groups of 128. `scale` is (..., groups):
+    dequant[..., j] = codes[..., j] · scale[..., j // group_size].
+    """
+    k = x.shape[-1]
+    groups = -(-k // check_group_size(group_size))
+    padded = torch.nn.functional.pad(x, (0, groups * group_size - k)).reshape(*x.shape[:-1], groups, group_size)
+    result = absmax_quantize(padded, bits, PerRow())  # one group per row of the padded view
+    unpad = lambda t: t.reshape(*x.shape[:-1], groups * group_size)[..., :k]  # noqa: E731
+    return QuantResult(unpad(result.codes), result.scale.squeeze(-1), unpad(result.dequant))
+
+
+def expand_group_scales(scale: torch.Tensor, group_size: int, k: int) -> torch.Tensor:
+    """(..., groups) group scales -> (..., k), one per entry: the inverse of the grouping above."""
+    return scale.repeat_interleave(group_size, dim=-1)[..., :k]
 
 
 @dataclass(frozen=True)

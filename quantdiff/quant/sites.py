@@ -26,6 +26,8 @@ from quantdiff.quant.numerics import (
     PerTensor,
     absmax_quantize,
     check_bits,
+    check_group_size,
+    groupwise_absmax_quantize,
     fake_quantize_with_absmax,
     outlier_features,
     vectorwise_quantize,
@@ -42,16 +44,19 @@ ModuleFilter = Callable[[nn.Module, str], bool]
 @dataclass(frozen=True)
 class AbsmaxMethod:
     """Symmetric absmax. `granularity` applies to activations (logits, Q/K, linear inputs), per sequence:
-    PerTensor = one scale per sequence (the paper's choice for logits). Linear weights are always quantized
-    per output channel."""
+    PerTensor = one scale per sequence (the paper's choice for logits). Linear weights are quantized per output
+    channel, or with `weight_group_size` G in groups of G inputs of each output channel (the linear site only)."""
 
     bits: int
     granularity: Granularity = PerTensor()
+    weight_group_size: int | None = None
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
         if not isinstance(self.granularity, (PerTensor, PerRow, PerColumn)):
             raise ConfigError(f"unknown granularity {self.granularity!r}")
+        if self.weight_group_size is not None:
+            check_group_size(self.weight_group_size)
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,8 @@ class QuantConfig:
 
 def _method_to_dict(method: Method) -> dict:
     if isinstance(method, AbsmaxMethod):
-        return {"name": "absmax", "bits": method.bits, "granularity": granularity_name(method.granularity)}
+        grouped = {} if method.weight_group_size is None else {"weight_group_size": method.weight_group_size}
+        return {"name": "absmax", "bits": method.bits, "granularity": granularity_name(method.granularity), **grouped}
     return {"name": "llm-int8", "bits": method.bits, "threshold": method.threshold}
 
 
@@ -166,11 +172,18 @@ def parse_config(
     granularity: str = "tensor",
     threshold: float = LLM_INT8_THRESHOLD,
     include_lm_head: bool = False,
+    group_size: int | None = None,
 ) -> QuantConfig:
-    """Names to config types (the CLI's and the API's way in). Raises ConfigError with a one-line message."""
+    """Names to config types (the CLI's and the API's way in). Raises ConfigError with a one-line message.
+
+    group_size: absmax weights in groups of that many inputs per output channel (site linear only)."""
     bits = parse_bit_width(bits)
+    if group_size is not None and site_name(site) != "linear":
+        raise ConfigError(f"a group size sets how the linear site's weights are quantized, not site {site!r}")
     if method_name(method) == "absmax":
-        method_cfg: Method = AbsmaxMethod(bits, _granularity(granularity))
+        method_cfg: Method = AbsmaxMethod(bits, _granularity(granularity), group_size)
+    elif group_size is not None:
+        raise ConfigError("group-wise weights are an absmax option: LLM.int8 quantizes weights per output channel")
     else:
         method_cfg = LLMInt8Method(bits, threshold)
     site_type = SITE_TYPES[site_name(site)]
@@ -234,10 +247,15 @@ class LLMInt8QKQuantizer:
 
 
 def fake_quant_weight(weight: torch.Tensor, method: Method) -> torch.Tensor:
-    """A linear weight (out, in) quantized per output channel and dequantized, in its dtype.
+    """A linear weight (out, in) quantized per output channel (or in groups of `weight_group_size` inputs of
+    each output channel) and dequantized, in its dtype.
 
-    Both methods give the same weights (LLM.int8 keeps no weight outliers); export writes exactly these codes.
+    Both methods give the same per-channel weights (LLM.int8 keeps no weight outliers); export writes exactly
+    these codes.
     """
+    group_size = getattr(method, "weight_group_size", None)
+    if group_size is not None:
+        return groupwise_absmax_quantize(weight, method.bits, group_size).dequant
     return absmax_quantize(weight, method.bits, PerRow()).dequant
 
 

@@ -7,6 +7,7 @@ the JSON next to it (the end-to-end test parses the tables back).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import quantdiff.report.paper as paper
 from quantdiff.core.atomic import atomic_file
@@ -27,7 +28,7 @@ def table5_row(block: dict) -> list[float | None]:
     return [values[k - 1] if len(values) >= k else None for k in TOPK_COLUMNS] + [None if block["median"] is None else float(block["median"])]
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
+def md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -43,7 +44,7 @@ def table5_markdown(stats: dict, kinds: dict[str, str]) -> str:
     for kind in ("standard", "diff"):
         for key, label in ACTIVATIONS.items():
             rows.append(["paper (3B)", "Transformer" if kind == "standard" else "DIFF", label, *map(number, paper.TABLE5[kind][key])])
-    table = _md_table(header, rows)
+    table = md_table(header, rows)
     return table + "\n\n" + _ratio_lines(stats, kinds)
 
 
@@ -73,23 +74,25 @@ def figure8_markdown(cells: list[dict]) -> str:
             by_bits = {c["bits"]: c.get(metric) for c in quantized if c["model"] == model and c["method"] == method}
             ref = references.get(model, {}).get(metric)
             rows.append(["ours", model, method, number(ref), *[number(by_bits.get(b)) for b in bits]])
-        out.append(f"### task `{task}`, site `{site}`, metric `{metric}` (fraction)\n\n" + _md_table(header, rows))
+        out.append(f"### task `{task}`, site `{site}`, metric `{metric}` (fraction)\n\n" + md_table(header, rows))
     paper_rows = [
         ["paper (3B, HellaSwag, read from plot)", "Transformer" if kind == "standard" else "DIFF", "absmax", *map(number, values)]
         for kind, values in paper.FIGURE8.items()
     ]
     paper_header = ["source", "model", "method", *[f"{b}-bit" + (" (unquantized)" if b == 16 else "") for b in paper.FIGURE8_BITS]]
     out.append(
-        "### the paper's Figure 8 (zero-shot HellaSwag accuracy %, logits absmax-quantized)\n\n" + _md_table(paper_header, paper_rows)
+        "### the paper's Figure 8 (zero-shot HellaSwag accuracy %, logits absmax-quantized)\n\n" + md_table(paper_header, paper_rows)
     )
     return "\n\n".join(out)
 
 
 def write_report_markdown(
-    path: Path, stats: dict, sweep: dict | None, kinds: dict[str, str], context: dict, emergence: str | None = None
+    path: Path, stats: dict, sweep: dict | None, kinds: dict[str, str], context: dict, emergence: str | None = None,
+    extra_sections: Sequence[str] = (),
 ) -> None:
     """Write report.md (atomically) from the stats and sweep JSON; `context` lists what was run on what;
-    `emergence` is the section body built from the train logs (report.emergence), None to leave it out."""
+    `emergence` is the section body built from the train logs (report.emergence), None to leave it out;
+    `extra_sections`: whole sections (with their headings) placed before the plots."""
     parts = [
         "# quantdiff report",
         "Rows marked **ours** were measured by this run; rows marked **paper** are the numbers of "
@@ -103,6 +106,7 @@ def write_report_markdown(
         parts.append("## Accuracy with quantized attention (the paper's Figure 8)\n\n" + figure8_markdown(sweep["cells"]))
     else:
         parts.append("## Accuracy with quantized attention\n\nNot run.")
+    parts += extra_sections
     plots = sorted(p.name for p in path.parent.glob("*.png"))
     if plots:
         parts.append("## Plots\n\n" + "\n".join(f"![{name}]({name})" for name in plots))

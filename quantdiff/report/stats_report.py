@@ -75,14 +75,27 @@ def render(doc: dict, console=None, per_layer: bool = False) -> None:
     console = console or table_console(table)
     console.print(table)
     for model in models:
-        features = model["hidden_states"]["outlier_features"]
-        console.print(f"{model['name']}: {features['count']} LLM.int8 outlier feature(s) in hidden states"
+        console.print(massive_line(model["name"], model["hidden_states"]["massive_activation"]), soft_wrap=True)
+        features = model["linear_inputs"]["outlier_features"]
+        console.print(f"{model['name']}: {features['count']} LLM.int8 outlier feature(s) in the linear layers' inputs"
                       + (f" (channels {features['channels'][:10]})" if features["count"] else ""))
         if "sinks" in model:
             console.print(sink_line(model["name"], model["sinks"]))
     if per_layer:
         for key, label in ACTIVATIONS.items():
             render_per_layer(models, key, label, console)
+
+
+def massive_line(name: str, massive: dict | None) -> str:
+    """Where the largest hidden state sits, its ratio to its layer's median, and whether it is a massive activation."""
+    if massive is None:
+        return f"{name}: no hidden states observed"
+    where = f"layer {massive['layer']}, position {massive['position']}{' (first token)' if massive['first_position'] else ''}, channel {massive['channel']}"
+    times = "n/a" if massive["ratio"] is None else f"{massive['ratio']:,.0f}×"
+    verdict = (f"a massive activation (Sun et al.: > {massive['criterion']['min_magnitude']:g} and ≥ {massive['criterion']['min_ratio']:,.0f}× the median)"
+               + (f" in layers {massive['layers'][0]}–{massive['layers'][-1]}" if massive["layers"] else "")
+               if massive["massive"] else "no massive activation")
+    return f"{name}: largest hidden state {number(massive['value'])} at {where}; {times} its layer's median: {verdict}"
 
 
 def sink_line(name: str, sinks: dict) -> str:

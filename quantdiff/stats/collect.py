@@ -1,8 +1,8 @@
 """Run a model over batches and collect its ModelStats.
 
 `collect_stats(model, batches)` is the Python API (used by `quantdiff stats` and `quantdiff reproduce`):
-hooks from `observe` feed every logits tile and every decoder layer's output into the statistics, which
-stay on the model's device. Under `torchrun` each rank takes whole batches round-robin (`data.shard`) and
+hooks from `observe` feed every logits tile, every decoder layer's output and the inputs of its attention
+projections and FFN expansion into the statistics, which stay on the model's device. Under `torchrun` each rank takes whole batches round-robin (`data.shard`) and
 rank 0 merges the gathered statistics exactly. Every run checks that each attention module and decoder layer
 was reached (`collect` returns that coverage), and models that soft-cap their logits also get statistics of the
 capped values that enter softmax.
@@ -102,7 +102,13 @@ class StatsCollector:
             return torch.stack([torch.full_like(seq, layer), seq + first, flat // d, flat % d], dim=1)
 
         self.stats.hidden.update(hidden.reshape(b, 1, t * d), layer, valid, locate)  # (B, T, D) -> (B, 1, T·D)
-        self.stats.channels.update(layer, hidden.reshape(b * t, d), None if mask is None else mask.bool().view(-1))
+
+    def on_linear_input(self, layer: int, which: int, x: torch.Tensor) -> None:
+        b, t, d = x.shape
+        if d != self.stats.hidden_size:
+            raise ConfigError(f"{self.label}: decoder layer {layer} feeds its linear layers inputs of width {d}, not {self.stats.hidden_size}")
+        mask = self.batch.attention_mask
+        self.stats.linear_inputs.update(layer, which, x.reshape(b * t, d), None if mask is None else mask.bool().view(-1))
 
     def run(self, model: nn.Module, batch: Batch) -> None:
         """One forward of the base model (no LM head: its logits are not observed)."""
@@ -132,7 +138,7 @@ def collect(
     """
     collector = StatsCollector(model, k, compile)
     with tracking(model) as coverage:
-        with observe(model, collector.on_logits, collector.on_hidden, on_lambda=collector.sinks.on_lambda), torch.inference_mode():
+        with observe(model, collector.on_logits, collector.on_hidden, collector.on_linear_input, on_lambda=collector.sinks.on_lambda), torch.inference_mode():
             for batch in batches:
                 collector.run(model, batch)
                 if progress is not None:

@@ -9,6 +9,7 @@ import torch
 
 from quantdiff.stats.absstats import DEFAULT_QUANTILES, AbsStats
 from quantdiff.stats.channels import ChannelStats
+from quantdiff.stats.massive import massive_activation
 from quantdiff.stats.topk import LocatedTopK
 
 LOGIT_LOCATION = ("layer", "head", "sequence", "query", "key")
@@ -18,7 +19,7 @@ PER_HEAD_TOP = 10  # per-head summaries keep a short top list: L·H full lists w
 
 @dataclass
 class ModelStats:
-    """Logits grouped by (layer, head), hidden states by layer, hidden-state channels; tokens and sequences seen."""
+    """Logits grouped by (layer, head), hidden states by layer, channels of the linear inputs; tokens and sequences seen."""
 
     layers: int
     heads: int
@@ -26,7 +27,7 @@ class ModelStats:
     head_maps: list[int] | None  # per head: 1 or 2 = which differential map; None for standard attention
     logits: AbsStats  # group layer·heads + head; locations LOGIT_LOCATION
     hidden: AbsStats  # group layer; locations HIDDEN_LOCATION
-    channels: ChannelStats
+    linear_inputs: ChannelStats  # what enters the attention projections and the FFN expansion
     tokens: int = 0
     sequences: int = 0
 
@@ -54,7 +55,7 @@ class ModelStats:
             raise ValueError("cannot merge statistics of different models")
         self.logits.merge(other.logits)
         self.hidden.merge(other.hidden)
-        self.channels.merge(other.channels)
+        self.linear_inputs.merge(other.linear_inputs)
         self.tokens += other.tokens
         self.sequences += other.sequences
         return self
@@ -67,7 +68,7 @@ class ModelStats:
             "head_maps": self.head_maps,
             "logits": self.logits.to_dict(),
             "hidden": self.hidden.to_dict(),
-            "channels": self.channels.to_dict(),
+            "linear_inputs": self.linear_inputs.to_dict(),
             "tokens": self.tokens,
             "sequences": self.sequences,
         }
@@ -81,7 +82,7 @@ class ModelStats:
             data["head_maps"],
             AbsStats.from_dict(data["logits"], device),
             AbsStats.from_dict(data["hidden"], device),
-            ChannelStats.from_dict(data["channels"], device),
+            ChannelStats.from_dict(data["linear_inputs"], device),
             data["tokens"],
             data["sequences"],
         )
@@ -98,8 +99,8 @@ class ModelStats:
         ]
 
     def summary(self, quantiles: Sequence[float] = DEFAULT_QUANTILES) -> dict:
-        """JSON-ready: `attention_logits` (overall, per_layer, per_head, per_map for Diff) and `hidden_states`
-        (overall, per_layer, per-channel max, LLM.int8 outlier features)."""
+        """JSON-ready: `attention_logits` (overall, per_layer, per_head, per_map for Diff), `hidden_states`
+        (overall, per_layer, the massive activation) and `linear_inputs` (per-channel max, LLM.int8 outlier features)."""
         logit = lambda groups, top=None: self._with_maps(self.logits.pooled(groups).summary(quantiles, top))  # noqa: E731
         logits = logit(None)
         logits["per_layer"] = [logit(self.logit_groups(layer=l)) for l in range(self.layers)]
@@ -108,9 +109,9 @@ class ModelStats:
             logits["per_map"] = {str(m): logit(self.logit_groups(head_map=m)) for m in (1, 2)}
         hidden = self.hidden.pooled().summary(quantiles)
         hidden["per_layer"] = [self.hidden.pooled([l]).summary(quantiles) for l in range(self.layers)]
-        hidden["channel_absmax"] = self.channels.absmax.tolist()
-        hidden["outlier_features"] = self.channels.outlier_summary()
-        return {"attention_logits": logits, "hidden_states": hidden}
+        hidden["massive_activation"] = massive_activation(hidden)
+        linear = {"channel_absmax": self.linear_inputs.absmax.tolist(), "outlier_features": self.linear_inputs.outlier_summary()}
+        return {"attention_logits": logits, "hidden_states": hidden, "linear_inputs": linear}
 
     def _with_maps(self, summary: dict) -> dict:
         if self.head_maps is not None:

@@ -1,15 +1,19 @@
-"""The statistics JSON document (`schema` "quantdiff.stats", `version` 1) that `quantdiff stats --json` writes:
+"""The statistics JSON document (`schema` "quantdiff.stats", `version` 2) that `quantdiff stats --json` writes:
 
-    {"schema": "quantdiff.stats", "version": 1,
+    {"schema": "quantdiff.stats", "version": 2,
      "quantile_relative_error": 0.0009765625,      # every quantile/median is within this of exact
      "quantile_definition": "...",
      "data": {"source", "tokens", "seq_len", "batch_size", "k", "tile_size", "world_size"},
      "models": [                                    # one entry per model, in command-line order
        {"name", "path", "kind": "standard"|"diff"|"diffv2", "layers", "heads", "hidden_size", "tokens", "sequences",
         "attention_logits": BLOCK + {"per_layer": [BLOCK], "per_head": [[BLOCK]], "per_map": {"1": BLOCK, "2": BLOCK}},
-        "hidden_states": BLOCK + {"per_layer": [BLOCK], "channel_absmax": [[float]] (layer × channel),
-                                  "outlier_features": {"count", "channels", "threshold", "min_layer_fraction",
-                                                       "min_position_fraction"}},
+        "hidden_states": BLOCK + {"per_layer": [BLOCK],
+                                  "massive_activation": {"value", "layer", "sequence", "position", "channel",
+                                      "first_position", "layer_median", "ratio", "massive", "layers", "channels",
+                                      "criterion": {"min_magnitude", "min_ratio"}} | null},
+        "linear_inputs": {"channel_absmax": [[float]] (layer × channel, over the attention and FFN inputs),
+                          "outlier_features": {"count", "channels", "layers" (per channel: layers holding it),
+                              "threshold", "min_layer_fraction", "min_position_fraction", "inputs"}},
         "sinks": {"epsilon", "per_head": [[mass]] (layer × head: mean attention on position 0 over valid query rows),
                   "mean", "max", "score" (share of heads above epsilon), "heads_scored",
                   Diff only: "per_map": {"1", "2"}: [[mass]], "combined": [[(A1 − λ·A2)/(1 − λ)]], "lambdas",
@@ -20,7 +24,8 @@
 
 `topk` is sorted by value descending (ties: location ascending); per_head blocks keep the top 10; `per_map`
 exists for differential models only (DiffLlama: map 1 = heads 0…H/2−1, map 2 = the rest; DIFF V2: map 1 = the
-even heads, map 2 = the odd ones).
+even heads, map 2 = the odd ones). Version 2 moved the per-channel statistics from the decoder-layer outputs to the
+linear layers' inputs (`linear_inputs`, LLM.int8's definition) and added `massive_activation` to `hidden_states`.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR
 from quantdiff.stats.model_stats import ModelStats
 
 SCHEMA = "quantdiff.stats"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 QUANTILE_DEFINITION = (
     "quantile q of |x| is the value of rank floor(q*(count-1)) in ascending order (torch.quantile 'lower'), "
     "reported as the midpoint of its log-spaced histogram bin"

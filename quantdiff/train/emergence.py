@@ -54,7 +54,7 @@ def measure(model: torch.nn.Module, batches: list[Batch], step: int, tokens: int
         "attention_logits": _activation(logits, ("layer", "head", "query", "key")),
         "hidden_states": _activation(hidden, ("layer", "position", "channel")),
         "sink": stats.sinks.summary(),
-        "outlier_features": hidden["outlier_features"]["count"],
+        "outlier_features": summary["linear_inputs"]["outlier_features"]["count"],
     }
     if "per_map" in logits:
         entry["attention_logits"]["per_map_top1"] = {m: s["max"] for m, s in logits["per_map"].items()}

@@ -13,6 +13,7 @@ def quantize(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory (written atomically).")],
     bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4.")] = "4",
     method: Annotated[str, typer.Option("--method", help="absmax (packed, ours), llm-int8, nf4 or fp4 (bitsandbytes layouts).")] = "absmax",
+    group_size: Annotated[Optional[int], typer.Option("--group-size", help="absmax: one scale per group of G inputs of each output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group). Default: one per output channel.")] = None,
     threshold: Annotated[Optional[float], typer.Option("--threshold", help="llm-int8 outlier threshold, applied to activations at run time (default: the LLM.int8 paper's 6.0).")] = None,
     include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="Quantize lm_head too (default: decoder-layer linears only).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing non-empty --out.")] = False,
@@ -46,8 +47,10 @@ def quantize(
     # Every argument is checked before anything is loaded or written; an option the mode ignores is an error.
     if method != "llm-int8":
         refuse_unused(f"with --method {method} (it is the llm-int8 outlier threshold)", threshold=threshold)
-    check_positive(threshold=threshold)  # also refuses nan and inf: an export with them would never load
-    fmt = parse_export(method, bits, LLM_INT8_THRESHOLD if threshold is None else threshold)
+    if method != "absmax":
+        refuse_unused(f"with --method {method} (group-wise scales are an absmax option)", group_size=group_size)
+    check_positive(threshold=threshold, group_size=group_size)  # also refuses nan and inf: an export with them would never load
+    fmt = parse_export(method, bits, LLM_INT8_THRESHOLD if threshold is None else threshold, group_size)
     attention = None
     if attention_bits is None:
         refuse_unused("without --attention-bits", attention_method=attention_method, attention_site=attention_site)

@@ -16,6 +16,7 @@ def reproduce(
     items: Annotated[Optional[int], typer.Option("--items", help="Cap on items per task (quick runs); default: the recipe's sizes.")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, … (default: CUDA if available).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it holds an earlier report (never anything else).")] = False,
+    real_model: Annotated[str, typer.Option("--real-model", help="A real pretrained model measured too (built-in name or model directory): statistics, lm sweep at linear and qk, weight-only formats. 'none' skips it.")] = "smollm2",
 ) -> None:
     """Reproduce the paper's Table 5 and Figure 8 analyses on a matched standard/Diff pair, beside the paper's numbers."""
     from rich.console import Console
@@ -30,5 +31,5 @@ def reproduce(
         resolve_device(device, "--device")
     console = Console(stderr=True, highlight=False)
     names = tuple(t.strip() for t in tasks.split(",") if t.strip())
-    report = run(ReproduceOptions(target, out, stats_tokens, items, names, device, force), console)
+    report = run(ReproduceOptions(target, out, stats_tokens, items, names, device, force, None if real_model == "none" else real_model), console)
     Console(highlight=False).print(f"report -> {report}")

@@ -14,6 +14,7 @@ DATA_HELP = "Task data: a HellaSwag JSONL file (choice), a text file (lm; retrie
 TaskOpt = Annotated[str, typer.Option("--task", "-t", help=TASK_HELP)]
 DataOpt = Annotated[Optional[Path], typer.Option("--data", help=DATA_HELP)]
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Evaluate only the first N items (windows, documents).")]
+GroupOpt = Annotated[Optional[int], typer.Option("--group-size", help="absmax weights at site linear in groups of G inputs per output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group); default per output channel.")]
 ContextOpt = Annotated[Optional[int], typer.Option("--context", help="Tokens per document (retrieval) or window (lm).")]
 NeedlesOpt = Annotated[Optional[int], typer.Option("--needles", help="Needles per retrieval document.")]
 DepthOpt = Annotated[Optional[float], typer.Option("--depth", help="Depth in [0, 1] of every needle (0 = start of the filler, 1 = its end); default: random per needle.")]
@@ -32,6 +33,7 @@ def sweep(
     bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
     method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",
     site: Annotated[str, typer.Option("--site", help="Comma-separated: logits, qk, linear. Unsupported (method, site) pairs are skipped with a note.")] = "logits",
+    group_size: GroupOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the Figure-8-style chart (PNG, PDF or SVG).")] = None,
     json_path: JsonOpt = None,
     data: DataOpt = None,
@@ -50,7 +52,7 @@ def sweep(
     from rich.console import Console
 
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
-    from quantdiff.cli.validate import check_list
+    from quantdiff.cli.validate import check_group_option, check_list
     from quantdiff.core.device import resolve_device
     from quantdiff.core.outputs import check_outputs
     from quantdiff.eval.sweep import plan_sweep
@@ -61,8 +63,9 @@ def sweep(
 
     for flag, text in (("--bits", bits), ("--method", method), ("--site", site)):
         check_list(text, flag)
+    check_group_option(group_size, split_names(site, "sites"))
     target = resolve_device(device, "--device")
-    plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"))
+    plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size)
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     specs = resolve_models(models)
@@ -88,6 +91,7 @@ def evaluate(
     bits: Annotated[Optional[int], typer.Option("--bits", help="Quantize to this many bits (2–16); omit for the unquantized model.")] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="absmax (default) or llm-int8; needs --bits.")] = None,
     site: Annotated[Optional[str], typer.Option("--site", help="logits (default), qk or linear; needs --bits.")] = None,
+    group_size: GroupOpt = None,
     json_path: JsonOpt = None,
     data: DataOpt = None,
     limit: LimitOpt = None,
@@ -103,6 +107,7 @@ def evaluate(
 ) -> None:
     """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
+    from quantdiff.cli.validate import check_group_option
     from quantdiff.core.device import resolve_device
     from quantdiff.core.outputs import check_outputs
     from quantdiff.core.errors import ConfigError
@@ -111,10 +116,11 @@ def evaluate(
     from quantdiff.models.source import model_sources
     from quantdiff.quant.sites import parse_config
 
-    if bits is None and (method is not None or site is not None):
-        raise ConfigError("--method and --site choose how to quantize: give --bits too")
+    if bits is None and (method is not None or site is not None or group_size is not None):
+        raise ConfigError("--method, --site and --group-size choose how to quantize: give --bits too")
+    check_group_option(group_size, [site or "logits"])
     target = resolve_device(device, "--device")
-    configs = [] if bits is None else [parse_config(method or "absmax", bits, site or "logits")]
+    configs = [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", group_size=group_size)]
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     specs = resolve_models([model])

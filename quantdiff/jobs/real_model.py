@@ -1,0 +1,116 @@
+"""The real-model part of `quantdiff reproduce`: a pretrained LLM with textbook outliers, measured beside the pair.
+
+On one loaded model (default the built-in `smollm2`, SmolLM2-135M-Instruct): the Table-5 statistics with the
+massive activation located, the sink score and the LLM.int8 outlier features over held-out corpus windows; a
+Figure-8-style sweep on `lm` (absmax vs LLM.int8 at `linear` and `qk`, 8/6/4 bits, plus the unquantized
+reference); and weight-only 4-bit formats side by side (absmax per output channel, absmax in groups, nf4), each
+with the weights exactly as its export would reload them. Sized to take a few minutes on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from torch import nn
+
+DEFAULT_REAL_MODEL = "smollm2"
+STATS_SOURCE = "builtin:corpus"
+
+
+@dataclass(frozen=True)
+class RealModelPlan:
+    """What is measured: statistics tokens and sequence length; lm windows (the sweep's data); sweep cells;
+    the weight-only formats' bits and group size."""
+
+    stats_tokens: int = 2048
+    seq_len: int = 256
+    windows: int = 8
+    context: int = 256
+    methods: tuple[str, ...] = ("absmax", "llm-int8")
+    bits: tuple[int, ...] = (8, 6, 4)
+    sites: tuple[str, ...] = ("linear", "qk")
+    weight_bits: int = 4
+    group_size: int = 128
+
+
+def weight_formats(plan: RealModelPlan) -> list:
+    """The weight-only formats compared: absmax per output channel, absmax in groups, and bitsandbytes' nf4."""
+    from quantdiff.quant.formats import AbsmaxExport, Bnb4bitExport
+
+    formats = [AbsmaxExport(plan.weight_bits), AbsmaxExport(plan.weight_bits, plan.group_size)]
+    return formats + ([Bnb4bitExport("nf4")] if plan.weight_bits == 4 else [])
+
+
+def measure_statistics(model: nn.Module, tokenizer, name: str, path: str, plan: RealModelPlan) -> dict:
+    """The stats JSON entry of `model` (as `quantdiff stats` writes it) over held-out corpus sequences."""
+    from quantdiff.data.sources import load_sequences, make_batches
+    from quantdiff.models.source import model_source
+    from quantdiff.stats.collect import collect
+    from quantdiff.stats.schema import model_entry
+
+    tokenize = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    sequences = load_sequences(STATS_SOURCE, tokenize, plan.stats_tokens, plan.seq_len, model.config.vocab_size)
+    batches = make_batches(sequences, 4, getattr(model.config, "pad_token_id", None) or 0)
+    return {**model_entry(name, path, collect(model, batches).stats), "source": model_source(path)}
+
+
+def measure_lm(model: nn.Module, tokenizer, name: str, plan: RealModelPlan, progress: Callable | None = None) -> tuple[list[dict], list[dict]]:
+    """(Figure-8 cells, weight-only rows) on the first `plan.windows` held-out windows of `plan.context` tokens."""
+    from quantdiff.eval.sweep import plan_sweep, run_model_cells
+    from quantdiff.eval.tasks.registry import make_task
+    from quantdiff.quant.export import stored_weights
+
+    task = make_task("lm", tokens=plan.windows * plan.context, context=plan.context)
+    prepared = task.prepare(tokenizer, plan.windows)
+    configs = plan_sweep(plan.methods, plan.bits, plan.sites).configs
+    cells = [cell.to_dict() for cell in run_model_cells(name, model, task, prepared, configs, progress)]
+    weight_only = []
+    for fmt in weight_formats(plan):
+        with stored_weights(model, fmt):
+            weight_only.append({"model": name, **fmt.describe(), **task.evaluate(model, prepared)})
+    return cells, weight_only
+
+
+def measure(model: nn.Module, tokenizer, name: str, path: str, plan: RealModelPlan = RealModelPlan(), progress: Callable | None = None) -> dict:
+    """Everything the report's real-model section shows, as one JSON-ready document."""
+    started = time.perf_counter()
+    stats = measure_statistics(model, tokenizer, name, path, plan)
+    cells, weight_only = measure_lm(model, tokenizer, name, plan, progress)
+    return {
+        "model": name,
+        "path": path,
+        "plan": {**asdict(plan), "stats_source": STATS_SOURCE, "lm_source": "held-out corpus windows"},
+        "stats": stats,
+        "cells": cells,
+        "weight_only": weight_only,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def run_real_model(target: str, out: Path, device: str | None, console, plan: RealModelPlan = RealModelPlan()) -> str:
+    """Load `target` (a built-in name or model directory), measure it, write `real_model.json` into `out` and
+    return the report section. A model that cannot be loaded (e.g. the wheel holding it is not installed) gives
+    a section saying so, and a console warning, instead of failing the whole report."""
+    from quantdiff.core.atomic import write_json
+    from quantdiff.core.errors import QuantdiffError
+    from quantdiff.core.progress import task_bars
+    from quantdiff.models.loading import load_tokenizer
+    from quantdiff.models.names import resolve
+    from quantdiff.quant.checkpoint import load
+    from quantdiff.report.real_model import real_model_markdown, skipped_markdown
+
+    try:
+        (path,) = resolve(target)
+        tokenizer = load_tokenizer(path)
+        model = load(path, device=device)
+    except QuantdiffError as exc:
+        console.print(f"[yellow]real model {target!r} not measured: {exc}[/yellow]")
+        return skipped_markdown(target, str(exc))
+    console.print(f"real model: {target} ({path})")
+    with task_bars(False, transient=True) as progress:
+        doc = measure(model, tokenizer, target, str(path), plan, progress)
+    write_json(out / "real_model.json", doc, indent=2)
+    return real_model_markdown(doc)

@@ -462,7 +462,6 @@ def test_finite_logits_keep_cells_valid(tmp_path):
 @pytest.fixture(scope="module")
 def interrupted_run(tmp_path_factory):
     """A run of test_train's recipe stopped after step 3 of 6 (checkpoint saved), on its synthetic corpus."""
-    from quantdiff.data import corpus
     from quantdiff.train.loop import train_pair
     from quantdiff.train.recipe import parse_recipe
     from tests.test_train import RECIPE, synthetic_corpus

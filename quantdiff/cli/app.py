@@ -20,13 +20,16 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 # Before anything imports torch: with OpenMP's default (active) wait policy, 2-thread torch steps stalled for
 # seconds on 2-core machines. Users can still override it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from quantdiff.core.errors import QuantdiffError
+
+if TYPE_CHECKING:  # imported for real only after the signal handlers are in place
+    import typer
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

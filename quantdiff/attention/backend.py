@@ -76,12 +76,15 @@ class AttentionArgs:
 
 
 class Tap(nn.Module):
-    """Identity on a logits tile unless a quantizer is set; forward hooks see `(logits, ctx)`."""
+    """Identity on a logits tile unless a quantizer is set; forward hooks see `(logits, ctx)`.
 
-    def __init__(self, layer_idx: int, differential: bool) -> None:
+    `pairing`: how a differential layer's heads pair into maps ("halves", "adjacent"; see models.structure),
+    None for standard attention."""
+
+    def __init__(self, layer_idx: int, pairing: str | None = None) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.differential = differential
+        self.pairing = pairing
         self.tile_size: int | None = DEFAULT_TILE_SIZE  # None: one tile spanning all keys
         self.logits_quantizer: Callable[[torch.Tensor, TileContext], torch.Tensor] | None = None
         self.operand_quantizer: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -93,21 +96,25 @@ class Tap(nn.Module):
         return self.logits_quantizer(logits, ctx)
 
     @property
+    def differential(self) -> bool:
+        return self.pairing is not None
+
+    @property
     def needs_logits(self) -> bool:
         """True when someone must see the explicit logits (a hook or a logits quantizer)."""
         return bool(self._forward_hooks or self._forward_pre_hooks or self.logits_quantizer is not None)
 
     def extra_repr(self) -> str:
-        return f"layer={self.layer_idx}, differential={self.differential}, tile_size={self.tile_size}"
+        return f"layer={self.layer_idx}, pairing={self.pairing}, tile_size={self.tile_size}"
 
 
 def attach_taps(model: nn.Module) -> list[Tap]:
     """Give every attention module the model declares a Tap (idempotent); LoadError if it declares none."""
-    differential = structure.is_differential(model)
+    pairing = structure.head_pairing(model)
     out = []
     for _, module in structure.attention_modules(model):
         if not isinstance(getattr(module, "quantdiff_tap", None), Tap):
-            module.quantdiff_tap = Tap(module.layer_idx, differential)
+            module.quantdiff_tap = Tap(module.layer_idx, pairing)
         out.append(module.quantdiff_tap)
     return out
 
@@ -138,7 +145,7 @@ def _repeat_state(module: nn.Module, tap: Tap, query: torch.Tensor, key: torch.T
     Returns the state the first call left (quantized operands, logits absmax) on the repeat call, else None and
     starts a new state. Taps must see each logit once, so the repeat call runs quantizers without hooks.
     """
-    if not tap.differential:
+    if tap.pairing != "halves":  # DiffLlama's pairing; DIFF V2 calls attention once with all 2H query heads
         return None
     last = getattr(module, "_quantdiff_last_call", None)
     if last is not None and last["query"] is query and last["key"] is key:
@@ -191,7 +198,7 @@ def quantdiff_attention_forward(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=args.scaling, **sdpa_kwargs)
     if dropout > 0.0:
         raise ConfigError(f"{structure.model_label(module)}: the tiled attention path does not implement attention dropout (training mode)")
-    tap = tap or Tap(getattr(module, "layer_idx", 0), differential=False)  # a module without a tap: no hooks, one tile
+    tap = tap or Tap(getattr(module, "layer_idx", 0))  # a module without a tap: no hooks, one tile
 
     repeat = _repeat_state(module, tap, query, key)
     state = repeat if repeat is not None else getattr(module, "_quantdiff_last_call", None) or {}
@@ -236,7 +243,7 @@ def _tiled_attention(
     offset = s - t  # queries are the last t positions (a KV cache holds the first s - t)
     device = query.device
     q_pos_all = torch.arange(offset, s, device=device)
-    head_map = torch.tensor(structure.head_maps(h), device=device) if tap.differential else None
+    head_map = torch.tensor(structure.head_maps(h, tap.pairing), device=device) if tap.differential else None
     sinks = None if args.sinks is None else args.sinks.to(device)
     call_tap = tap if observe else tap.forward  # a bound forward skips hooks: the repeat call must not be counted twice
 

@@ -1,6 +1,7 @@
-"""Observation through forward hooks only: attention taps for logits, decoder layers for hidden states.
+"""Observation through forward hooks only: attention taps for logits, decoder layers for hidden states,
+DIFF V2's λ projections for its per-token λ.
 
-`observe(model, on_logits, on_hidden)` attaches the hooks and always removes them, so a model leaves the
+`observe(model, on_logits, on_hidden, on_lambda)` attaches the hooks and always removes them, so a model leaves the
 block as it entered (and its taps fall back to the SDPA fast path once nobody listens).
 """
 
@@ -18,6 +19,7 @@ from quantdiff.models import structure
 
 LogitsHook = Callable[[torch.Tensor, TileContext], None]  # (logits (B, H, rows, cols) float32, ctx)
 HiddenHook = Callable[[int, torch.Tensor], None]  # (layer index, hidden states (B, T, D))
+LambdaHook = Callable[[int, torch.Tensor], None]  # (layer index, λ (B, T, H/2)) of layers with a per-token λ
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -26,8 +28,11 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 @contextmanager
-def observe(model: nn.Module, on_logits: LogitsHook | None = None, on_hidden: HiddenHook | None = None) -> Iterator[None]:
-    """Call on_logits for every logits tile (each logit once) and on_hidden for every decoder layer's output."""
+def observe(
+    model: nn.Module, on_logits: LogitsHook | None = None, on_hidden: HiddenHook | None = None, on_lambda: LambdaHook | None = None
+) -> Iterator[None]:
+    """Call on_logits for every logits tile (each logit once), on_hidden for every decoder layer's output and
+    on_lambda for every per-token λ a layer computes (DIFF V2; other models have none)."""
     handles = []
     try:
         if on_logits is not None:
@@ -36,6 +41,9 @@ def observe(model: nn.Module, on_logits: LogitsHook | None = None, on_hidden: Hi
         if on_hidden is not None:
             for index, layer in enumerate(decoder_layers(model)):
                 handles.append(layer.register_forward_hook(_hidden_hook(index, on_hidden)))
+        if on_lambda is not None:
+            for index, projection in structure.lambda_projections(model):
+                handles.append(projection.register_forward_hook(lambda _m, _args, out, index=index: on_lambda(index, structure.token_lambda(out))))
         yield
     finally:
         for handle in handles:

@@ -78,7 +78,8 @@ def load_config(path: str | Path, trust_remote_code: bool = False):
     except (ValueError, KeyError, OSError) as exc:
         raise LoadError(f"cannot read config.json in {path}: {str(exc).splitlines()[0]}") from None
     remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
+    registered = type(config) in AutoModelForCausalLM._model_mapping  # quantdiff's own model types too (DIFF V2)
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not registered and not remote:
         raise LoadError(f"unsupported architecture {config.model_type!r}: not a transformers causal LM")
     return config
 

@@ -1,8 +1,14 @@
-"""Matched standard/differential model pairs built from one size preset.
+"""Matched standard/differential models built from one size preset.
 
 transformers' DiffLlama with the *same* config as a Llama has the same parameter count plus the four
 λ vectors per layer: its `num_attention_heads = H` projections are paired (head i with head i + H/2)
 into H/2 differential heads whose value width is doubled — exactly the paper's "half the heads" rule.
+
+DIFF V2 (kind "diffv2") is matched as its authors match it (their reference module switches between the
+baseline and V2 with the same d_model, heads, KV heads and head width): H output heads of the baseline's
+width d = D/H, 2H query heads, the baseline's KV heads and W_O. It is *not* parameter-matched — the authors
+add the parameters of Q2 on purpose — so per layer it has D·H·d = D² more query weights and D·H λ weights,
+and per token 2·(D² + D·H) more projection FLOPs plus the QKᵀ and AV products of H more query heads.
 """
 
 from __future__ import annotations
@@ -14,8 +20,12 @@ import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from quantdiff.core.errors import ConfigError
+from quantdiff.models.diffv2 import DiffV2Config, DiffV2ForCausalLM
 
-KINDS = ("standard", "diff")
+KINDS = ("standard", "diff")  # the pair that training, the built-in models and reproduce use
+ALL_KINDS = (*KINDS, "diffv2")
+ModelConfig = LlamaConfig | DiffLlamaConfig | DiffV2Config
+_MODEL_CLASSES = {LlamaConfig: LlamaForCausalLM, DiffLlamaConfig: DiffLlamaForCausalLM, DiffV2Config: DiffV2ForCausalLM}
 
 
 @dataclass(frozen=True)
@@ -72,27 +82,41 @@ def _common_kwargs(preset: SizePreset) -> dict:
     )
 
 
+def kind_configs(preset: SizePreset, kinds: tuple[str, ...] = KINDS) -> dict[str, ModelConfig]:
+    """{kind: config} for the given kinds ('standard': Llama, 'diff': DiffLlama, 'diffv2': DIFF V2), one size."""
+    preset.validate()
+    unknown = [k for k in kinds if k not in ALL_KINDS]
+    if unknown:
+        raise ConfigError(f"unknown model kind(s): {', '.join(unknown)} (known: {', '.join(ALL_KINDS)})")
+    kwargs = _common_kwargs(preset)
+    build = {
+        "standard": lambda: LlamaConfig(**kwargs),
+        "diff": lambda: DiffLlamaConfig(lambda_std_dev=0.1, **kwargs),
+        # 2H query heads of the baseline's width; KV heads, W_O and MLP as the baseline's
+        "diffv2": lambda: DiffV2Config(**{**kwargs, "num_attention_heads": 2 * preset.num_heads, "head_dim": preset.hidden_size // preset.num_heads}),
+    }
+    return {kind: build[kind]() for kind in kinds}
+
+
 def pair_configs(preset: SizePreset) -> dict[str, LlamaConfig | DiffLlamaConfig]:
     """{'standard': LlamaConfig, 'diff': DiffLlamaConfig} with identical sizes."""
-    preset.validate()
-    kwargs = _common_kwargs(preset)
-    return {"standard": LlamaConfig(**kwargs), "diff": DiffLlamaConfig(lambda_std_dev=0.1, **kwargs)}
+    return kind_configs(preset, KINDS)
 
 
-def build_model(config: LlamaConfig | DiffLlamaConfig, seed: int = 0, attn_implementation: str = "sdpa") -> PreTrainedModel:
+def build_model(config: ModelConfig, seed: int = 0, attn_implementation: str = "sdpa") -> PreTrainedModel:
     """A freshly initialised model; `config` is deep-copied because `_from_config` mutates it."""
-    cls = DiffLlamaForCausalLM if isinstance(config, DiffLlamaConfig) else LlamaForCausalLM
     torch.manual_seed(seed)
-    return cls._from_config(copy.deepcopy(config), attn_implementation=attn_implementation)
+    return _MODEL_CLASSES[type(config)]._from_config(copy.deepcopy(config), attn_implementation=attn_implementation)
 
 
-def build_pair(preset: SizePreset, seed: int = 0, attn_implementation: str = "sdpa") -> dict[str, PreTrainedModel]:
-    """Both kinds, each initialised from the same seed."""
-    return {kind: build_model(cfg, seed, attn_implementation) for kind, cfg in pair_configs(preset).items()}
+def build_pair(preset: SizePreset, seed: int = 0, attn_implementation: str = "sdpa", kinds: tuple[str, ...] = KINDS) -> dict[str, PreTrainedModel]:
+    """The kinds (by default the standard/Diff pair), each initialised from the same seed."""
+    return {kind: build_model(cfg, seed, attn_implementation) for kind, cfg in kind_configs(preset, kinds).items()}
 
 
 def lambda_parameter_count(model: PreTrainedModel) -> int:
-    return sum(p.numel() for n, p in model.named_parameters() if n.rsplit(".", 1)[-1].startswith("lambda_"))
+    """Parameters of λ: DiffLlama's four vectors per layer, DIFF V2's projection W_λ."""
+    return sum(p.numel() for n, p in model.named_parameters() if any(part.startswith("lambda_") for part in n.split(".")))
 
 
 def parameter_count(model: PreTrainedModel) -> int:

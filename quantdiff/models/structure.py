@@ -3,8 +3,9 @@
 Which modules are attention modules and decoder layers comes from the model class's `_can_record_outputs`
 (what transformers itself hooks for `output_attentions` / `output_hidden_states`) and `_no_split_modules`,
 never from class-name suffixes or projection names, so fused-QKV families (Phi-3 `qkv_proj`, GPT-2
-`c_attn`, GPT-NeoX `query_key_value`) are found like any other. Differential attention (DiffLlama) is
-known by model type: heads i and i + H/2 are its maps 1 and 2, combined with a per-layer λ.
+`c_attn`, GPT-NeoX `query_key_value`) are found like any other. Differential attention is known by model type:
+DiffLlama pairs heads i and i + H/2 (maps 1 and 2) with one λ per layer; DIFF V2 pairs heads 2i and 2i + 1 (one
+GQA group) with a λ per token and per pair, sigmoid of its attention module's `lambda_proj` of the input.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import torch
 from torch import nn
 
 from quantdiff.core.errors import LoadError
+from quantdiff.models.diffv2 import MODEL_TYPE as DIFFV2_MODEL_TYPE
 
-# Model types whose attention is differential: softmax(Q1K1ᵀ) − λ·softmax(Q2K2ᵀ), heads i and i + H/2 paired.
-DIFFERENTIAL_MODEL_TYPES = frozenset({"diffllama"})
+# Model types whose attention is differential, softmax(Q1K1ᵀ) − λ·softmax(Q2K2ᵀ), and how their heads pair:
+# "halves" (head i with i + H/2, one λ per layer) or "adjacent" (head 2i with 2i + 1, λ per token and pair).
+HEAD_PAIRING = {"diffllama": "halves", DIFFV2_MODEL_TYPE: "adjacent"}
+DIFFERENTIAL_MODEL_TYPES = frozenset(HEAD_PAIRING)
 
 
 def _recorders(model: nn.Module, key: str) -> list[tuple[type | str, str | None]]:
@@ -72,24 +76,54 @@ def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def is_differential(model_or_config) -> bool:
     """True for differential-attention models (by model type, from the config)."""
+    return head_pairing(model_or_config) is not None
+
+
+def head_pairing(model_or_config) -> str | None:
+    """"halves", "adjacent" (see HEAD_PAIRING) or None for standard attention."""
     config = getattr(model_or_config, "config", model_or_config)
-    return getattr(config, "model_type", None) in DIFFERENTIAL_MODEL_TYPES
+    return HEAD_PAIRING.get(getattr(config, "model_type", None))
 
 
-def head_maps(heads: int) -> list[int]:
-    """Per head of a differential layer: 1 or 2, which map it computes (head i pairs with head i + H/2)."""
-    return [1] * (heads // 2) + [2] * (heads - heads // 2)
+def attention_kind(model_or_config) -> str:
+    """"standard", "diff" (DiffLlama) or "diffv2": the model kinds of `models.pairs`."""
+    return {"halves": "diff", "adjacent": "diffv2"}.get(head_pairing(model_or_config), "standard")
+
+
+def kind_of_head_maps(maps: list[int] | None) -> str:
+    """The attention kind whose head maps (`model_head_maps`) these are."""
+    if maps is None:
+        return "standard"
+    return "diffv2" if maps == head_maps(len(maps), "adjacent") else "diff"
+
+
+def map_heads(heads: int, pairing: str = "halves") -> tuple[list[int], list[int]]:
+    """(heads of map 1, heads of map 2), pair by pair: differential head j is the pair (first[j], second[j])."""
+    if pairing == "adjacent":
+        return list(range(0, heads, 2)), list(range(1, heads, 2))
+    return list(range(heads // 2)), list(range(heads // 2, heads))
+
+
+def head_maps(heads: int, pairing: str = "halves") -> list[int]:
+    """Per head of a differential layer: 1 or 2, which map it computes."""
+    first, _ = map_heads(heads, pairing)
+    return [1 if h in first else 2 for h in range(heads)]
 
 
 def model_head_maps(model: nn.Module) -> list[int] | None:
     """Per head 1 or 2 for differential attention, None for standard attention."""
-    return head_maps(model.config.num_attention_heads) if is_differential(model) else None
+    pairing = head_pairing(model)
+    return None if pairing is None else head_maps(model.config.num_attention_heads, pairing)
 
 
-def differential_map(probs: torch.Tensor, lam: float) -> torch.Tensor:
-    """(A1 − λ·A2)/(1 − λ) of per-head attention probabilities (B, H, …): map 1 is heads [0, H/2), map 2 the rest,
-    head i pairing with head i + H/2 (as `head_maps` says). Returns (B, H/2, …)."""
-    a1, a2 = probs.chunk(2, dim=1)
+def differential_map(probs: torch.Tensor, lam: float | torch.Tensor, pairing: str = "halves") -> torch.Tensor:
+    """(A1 − λ·A2)/(1 − λ) of per-head attention probabilities (B, H, …), heads paired as `map_heads` says.
+    λ: the layer's (a float) or one per pair and query row, broadcastable to (B, H/2, …). Returns (B, H/2, …).
+
+    The division makes every row sum to 1 as in the paper's Table 3; DIFF V2 itself outputs the undivided
+    A1 − λ·A2 (its rows sum to 1 − λ), so its combined map is that output's attention pattern, renormalised."""
+    first, second = map_heads(probs.shape[1], pairing)
+    a1, a2 = probs[:, first], probs[:, second]
     return (a1 - lam * a2) / (1 - lam)
 
 
@@ -100,10 +134,24 @@ def differential_lambda(module: nn.Module) -> float:
 
 
 def layer_lambdas(model: nn.Module) -> list[float] | None:
-    """λ of every differential attention layer, in layer order; None for standard attention."""
-    if not is_differential(model):
+    """λ of every differential attention layer, in layer order; None for standard attention and for DIFF V2
+    (whose λ is per token: `lambda_projections`)."""
+    if head_pairing(model) != "halves":
         return None
     return [differential_lambda(module) for _, module in attention_modules(model)]
+
+
+def lambda_projections(model: nn.Module) -> list[tuple[int, nn.Module]]:
+    """(layer index, W_λ module) of every DIFF V2 attention layer, whose output z gives λ = `token_lambda(z)`
+    (B, T, H/2) for the pairs of that layer; [] for other models."""
+    if head_pairing(model) != "adjacent":
+        return []
+    return [(module.layer_idx, module.lambda_proj) for _, module in attention_modules(model)]
+
+
+def token_lambda(projected: torch.Tensor) -> torch.Tensor:
+    """DIFF V2's λ from its projection's output: sigmoid, per token and pair."""
+    return torch.sigmoid(projected.float())
 
 
 def logit_softcap(config) -> float | None:

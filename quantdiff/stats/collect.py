@@ -66,7 +66,7 @@ class StatsCollector:
         self.capped = AbsStats.empty(layers * heads, k, LOGIT_LOCATION, device) if structure.logit_softcap(config) else None
         # Compiled per-element kernels pay off on CUDA; on CPU the one-off compile outweighs them for short runs.
         self.stats.logits.fused = self.stats.hidden.fused = device.type == "cuda" if compile is None else compile
-        self.sinks = SinkStats.empty(len(attention.taps(model)), config.num_attention_heads, structure.layer_lambdas(model))
+        self.sinks = SinkStats.empty(len(attention.taps(model)), heads, structure.layer_lambdas(model), structure.head_pairing(model))
         self.batch: Batch | None = None
         self.label = structure.model_label(model)
 
@@ -132,7 +132,7 @@ def collect(
     """
     collector = StatsCollector(model, k, compile)
     with tracking(model) as coverage:
-        with observe(model, collector.on_logits, collector.on_hidden), torch.inference_mode():
+        with observe(model, collector.on_logits, collector.on_hidden, collector.sinks.on_lambda), torch.inference_mode():
             for batch in batches:
                 collector.run(model, batch)
                 if progress is not None:

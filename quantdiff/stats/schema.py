@@ -5,24 +5,27 @@
      "quantile_definition": "...",
      "data": {"source", "tokens", "seq_len", "batch_size", "k", "tile_size", "world_size"},
      "models": [                                    # one entry per model, in command-line order
-       {"name", "path", "kind": "standard"|"diff", "layers", "heads", "hidden_size", "tokens", "sequences",
+       {"name", "path", "kind": "standard"|"diff"|"diffv2", "layers", "heads", "hidden_size", "tokens", "sequences",
         "attention_logits": BLOCK + {"per_layer": [BLOCK], "per_head": [[BLOCK]], "per_map": {"1": BLOCK, "2": BLOCK}},
         "hidden_states": BLOCK + {"per_layer": [BLOCK], "channel_absmax": [[float]] (layer × channel),
                                   "outlier_features": {"count", "channels", "threshold", "min_layer_fraction",
                                                        "min_position_fraction"}},
         "sinks": {"epsilon", "per_head": [[mass]] (layer × head: mean attention on position 0 over valid query rows),
                   "mean", "max", "score" (share of heads above epsilon), "heads_scored",
-                  Diff only: "per_map": {"1", "2"}: [[mass]], "combined": [[(A1 − λ·A2)/(1 − λ)]], "lambdas"}}]}
+                  Diff only: "per_map": {"1", "2"}: [[mass]], "combined": [[(A1 − λ·A2)/(1 − λ)]], "lambdas",
+                  "lambda_per_token" (DIFF V2: each query row combined with its own λ; "lambdas" is null)}}]}
     BLOCK = {"count", "nonfinite": {"nan", "inf"}, "max", "median", "quantiles": {"0.5": …, "0.99": …},
              "mean", "std", "kurtosis", "topk": [{"value", "layer", "head", "sequence", "query", "key", "map"?}
                                                  | {"value", "layer", "sequence", "position", "channel"}]}
 
 `topk` is sorted by value descending (ties: location ascending); per_head blocks keep the top 10; `per_map`
-exists for differential models only (map 1 = heads 0…H/2−1, map 2 = the rest).
+exists for differential models only (DiffLlama: map 1 = heads 0…H/2−1, map 2 = the rest; DIFF V2: map 1 = the
+even heads, map 2 = the odd ones).
 """
 
 from __future__ import annotations
 
+from quantdiff.models import structure
 from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR
 from quantdiff.stats.model_stats import ModelStats
 
@@ -39,7 +42,7 @@ def model_entry(name: str, path: str, stats: ModelStats) -> dict:
     return {
         "name": name,
         "path": path,
-        "kind": "standard" if stats.head_maps is None else "diff",
+        "kind": structure.kind_of_head_maps(stats.head_maps),
         "layers": stats.layers,
         "heads": stats.heads,
         "hidden_size": stats.hidden_size,

@@ -7,9 +7,11 @@ accumulates the sum of that mass over valid query rows (padding excluded), in fi
 int64), and their count: integer sums merge exactly in any order, across batches and processes.
 
 Score (Gu et al., "When Attention Sink Emerges in Language Models"): the share of heads whose mean mass
-on the first position exceeds ε = 0.3. For differential attention the two maps of a head (head i with
-head i + H/2) are reported apart and combined as the paper's Table 3 combines attention scores,
-(A1 − λ·A2) / (1 − λ), with the layer's λ; the score then counts differential heads.
+on the first position exceeds ε = 0.3. For differential attention the two maps of a head (DiffLlama: head i
+with head i + H/2; DIFF V2: head 2i with head 2i + 1) are reported apart and combined as the Diff paper's
+Table 3 combines attention scores, (A1 − λ·A2) / (1 − λ); the score then counts differential heads. DiffLlama's
+λ is the layer's, so the combination of the mean masses is exact. DIFF V2's λ is per query token and pair
+(fed by `on_lambda`), so each query row's masses are combined with that row's λ and the results averaged.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from quantdiff.attention.backend import TileContext
+from quantdiff.core.errors import ConfigError
+from quantdiff.models.structure import map_heads
 
 SINK_EPSILON = 0.3
 FIXED_POINT = 2.0**32  # mass units per 1.0: int64 holds sums over up to 2³¹ query rows per head
@@ -31,12 +35,23 @@ class SinkStats:
 
     mass: torch.Tensor  # (layers, heads) int64: sums over valid query rows, in units of 1 / FIXED_POINT
     rows: torch.Tensor  # (layers, heads) int64 counts
-    lambdas: list[float] | None = None  # per layer, differential attention only
+    lambdas: list[float] | None = None  # per layer, differential attention with a layer λ (DiffLlama) only
+    pairing: str | None = None  # how heads pair into maps (models.structure.map_heads); None: standard attention
+    # λ per token (DIFF V2): (layers, heads / 2) int64 sums of each valid row's combined mass, fixed point
+    combined_mass: torch.Tensor | None = None
     _rows: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)  # layer -> (m, s, l0)
+    _lambda: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # layer -> λ (B, T, heads / 2)
 
     @classmethod
-    def empty(cls, layers: int, heads: int, lambdas: list[float] | None = None) -> SinkStats:
-        return cls(torch.zeros(layers, heads, dtype=torch.int64), torch.zeros(layers, heads, dtype=torch.int64), lambdas)
+    def empty(cls, layers: int, heads: int, lambdas: list[float] | None = None, pairing: str | None = None) -> SinkStats:
+        """`pairing` without `lambdas`: differential attention whose λ comes per token through `on_lambda`."""
+        zeros = lambda width: torch.zeros(layers, width, dtype=torch.int64)  # noqa: E731
+        per_token = pairing is not None and lambdas is None
+        return cls(zeros(heads), zeros(heads), lambdas, pairing, zeros(heads // 2) if per_token else None)
+
+    def on_lambda(self, layer: int, lam: torch.Tensor) -> None:
+        """DIFF V2: the λ (B, T, heads / 2) of one layer's forward, for `end_batch` to combine its rows."""
+        self._lambda[layer] = lam
 
     def on_tile(self, logits: torch.Tensor, ctx: TileContext) -> None:
         """Fold one logits tile (B, H, rows, cols) into the running row state of its layer."""
@@ -65,20 +80,37 @@ class SinkStats:
             batch_mass = torch.where(keep, mass, torch.zeros_like(mass)).double().sum(dim=(0, 2))
             self.mass[layer] += (batch_mass * FIXED_POINT).round().to(torch.int64).cpu()
             self.rows[layer] += keep.sum(dim=(0, 2)).cpu()
+            if self.combined_mass is not None:
+                self._combine_rows(layer, mass, keep)
         self._rows.clear()
+        self._lambda.clear()
+
+    def _combine_rows(self, layer: int, mass: torch.Tensor, keep: torch.Tensor) -> None:
+        """Add each valid row's (a1 − λ·a2)/(1 − λ) of first-position masses, with that row's λ, per pair."""
+        if layer not in self._lambda:
+            raise ConfigError(f"layer {layer}: differential attention with a per-token λ, but no λ was observed")
+        first, second = map_heads(mass.shape[1], self.pairing)
+        lam = self._lambda[layer].double().transpose(1, 2)[..., -mass.shape[2] :]  # (B, H/2, T): the rows of this call
+        combined = (mass[:, first].double() - lam * mass[:, second].double()) / (1 - lam)
+        pair_rows = keep[:, first]
+        self.combined_mass[layer] += (torch.where(pair_rows, combined, 0.0).sum(dim=(0, 2)) * FIXED_POINT).round().to(torch.int64).cpu()
 
     def merge(self, other: SinkStats) -> SinkStats:
         self.mass += other.mass
         self.rows += other.rows
+        if self.combined_mass is not None:
+            self.combined_mass += other.combined_mass
         return self
 
     def to_dict(self) -> dict:
-        return {"mass": self.mass.tolist(), "rows": self.rows.tolist(), "lambdas": self.lambdas}
+        combined = None if self.combined_mass is None else self.combined_mass.tolist()
+        return {"mass": self.mass.tolist(), "rows": self.rows.tolist(), "lambdas": self.lambdas, "pairing": self.pairing, "combined_mass": combined}
 
     @classmethod
     def from_dict(cls, data: dict) -> SinkStats:
-        as_tensor = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
-        return cls(as_tensor(data["mass"]), as_tensor(data["rows"]), data["lambdas"])
+        as_tensor = lambda v: None if v is None else torch.tensor(v, dtype=torch.int64)  # noqa: E731
+        pairing = data.get("pairing", "halves" if data["lambdas"] is not None else None)  # dumps from before DIFF V2
+        return cls(as_tensor(data["mass"]), as_tensor(data["rows"]), data["lambdas"], pairing, as_tensor(data.get("combined_mass")))
 
     def per_head(self) -> torch.Tensor:
         """(layers, heads) mean attention mass on the first position."""
@@ -88,11 +120,17 @@ class SinkStats:
         """JSON-ready: per-(layer, head) mass, its mean, and the share of heads above ε (Diff: combined maps)."""
         per_head = self.per_head()
         out = {"epsilon": epsilon, "per_head": per_head.tolist()}
-        if self.lambdas is not None:
-            half = per_head.shape[1] // 2
-            lam = torch.tensor(self.lambdas, dtype=torch.float64)[:, None]
-            combined = (per_head[:, :half] - lam * per_head[:, half:]) / (1 - lam)
-            out |= {"per_map": {"1": per_head[:, :half].tolist(), "2": per_head[:, half:].tolist()}, "combined": combined.tolist(), "lambdas": self.lambdas}
+        if self.pairing is not None:
+            first, second = map_heads(per_head.shape[1], self.pairing)
+            if self.combined_mass is not None:  # λ per token: the mean of the rows' combined masses
+                combined = self.combined_mass.double() / FIXED_POINT / self.rows[:, first].clamp_min(1).double()
+            else:
+                lam = torch.tensor(self.lambdas, dtype=torch.float64)[:, None]
+                combined = (per_head[:, first] - lam * per_head[:, second]) / (1 - lam)
+            out |= {
+                "per_map": {"1": per_head[:, first].tolist(), "2": per_head[:, second].tolist()},
+                "combined": combined.tolist(), "lambdas": self.lambdas, "lambda_per_token": self.combined_mass is not None,
+            }  # fmt: skip
             scored = combined
         else:
             scored = per_head

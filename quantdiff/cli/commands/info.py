@@ -21,6 +21,7 @@ def info(
     from quantdiff.quant.checkpoint import load
     from quantdiff.models.pairs import lambda_parameter_count, parameter_count
     from quantdiff.models.names import resolve
+    from quantdiff.models.structure import attention_kind
     from quantdiff.report.console import table_console
 
     from transformers.utils import logging as hf_logging
@@ -35,7 +36,7 @@ def info(
         model = load(path, device=target, trust_remote_code=trust_remote_code)
         tap_list = taps(model)
         cfg = model.config
-        kind = "differential" if tap_list[0].differential else "standard"
+        kind = {"standard": "standard", "diff": "differential", "diffv2": "differential V2"}[attention_kind(model)]
         table.add_row(
             str(path), type(model).__name__, kind, str(len(tap_list)),
             f"{cfg.num_attention_heads} ({getattr(cfg, 'num_key_value_heads', None) or cfg.num_attention_heads})",

@@ -25,6 +25,7 @@ from torch import nn
 import quantdiff.attention.backend as attention
 from quantdiff.data.sources import text_or_held_out
 from quantdiff.core.errors import DataError
+from quantdiff.attention.observe import observe
 from quantdiff.models import structure
 from quantdiff.eval.tasks.choice import encode_pair
 from quantdiff.data.needles import Filler, NeedleExample, make_needle_example
@@ -87,7 +88,7 @@ def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> l
     """Per layer, the attention maps (B, heads, rows, S) of the last `rows` query rows of a left-padded batch.
 
     Tap hooks keep only those rows of every key tile, so memory grows with rows·S, not S². Differential
-    layers yield their combined (A1 − λA2)/(1 − λ) maps (H/2 heads).
+    layers yield their combined (A1 − λA2)/(1 − λ) maps (H/2 heads), with DIFF V2's λ of each query row.
     """
     modules = list(attention.iter_attention_modules(model))
     if not modules:
@@ -103,10 +104,16 @@ def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> l
         last = F.pad(last, (0, 0, rows - last.shape[2], 0), value=float("-inf"))  # (B, H, rows, cols)
         tiles.setdefault(ctx.layer_idx, []).append((ctx.k_start, last))
 
+    token_lambdas: dict[int, torch.Tensor] = {}  # DIFF V2: layer -> λ of the kept rows, (B, H/2, rows, 1)
+
+    def keep_last_lambdas(layer: int, lam: torch.Tensor) -> None:
+        token_lambdas[layer] = lam[:, -rows:].transpose(1, 2)[..., None]
+
     handles = [m.quantdiff_tap.register_forward_hook(keep_last_rows) for m in modules]
     try:
         ids, mask, positions = left_pad(seqs, model_device(model))
-        model(input_ids=ids, attention_mask=mask, position_ids=positions)
+        with observe(model, on_lambda=keep_last_lambdas):
+            model(input_ids=ids, attention_mask=mask, position_ids=positions)
     finally:
         for handle in handles:
             handle.remove()
@@ -114,8 +121,10 @@ def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> l
     for module in sorted(modules, key=lambda m: m.quantdiff_tap.layer_idx):
         logits = torch.cat([t for _, t in sorted(tiles[module.quantdiff_tap.layer_idx], key=lambda kt: kt[0])], dim=-1)  # (B, H, rows, S)
         probs = attention.attention_probs(logits, sinks[module.quantdiff_tap.layer_idx]).nan_to_num(0.0)  # padding rows attend to nothing
-        if module.quantdiff_tap.differential:
-            probs = structure.differential_map(probs, structure.differential_lambda(module))  # (B, H/2, rows, S)
+        tap = module.quantdiff_tap
+        if tap.differential:
+            lam = token_lambdas[tap.layer_idx] if tap.layer_idx in token_lambdas else structure.differential_lambda(module)
+            probs = structure.differential_map(probs, lam, tap.pairing)  # (B, H/2, rows, S)
         maps.append(probs)
     return maps
 

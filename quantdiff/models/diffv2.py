@@ -1,0 +1,182 @@
+"""DIFF Transformer V2 as a transformers model (model type "quantdiff_diffv2"), built from LLaMA's pieces.
+
+Source: the authors' reference module `Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py` and its
+README in microsoft/unilm (January 2026), and their blog post "Differential Transformer V2" (Ye, Dong, Sun, Wei).
+With h output heads, h_kv key/value heads of width d, and x the attention input (after the layer's RMSNorm):
+
+    Q = x W_Q ∈ R^{N×2h×d},  K = x W_K, V = x W_V ∈ R^{N×h_kv×d}      (query heads doubled, K/V unchanged)
+    Q, K ← RoPE(Q), RoPE(K)
+    O_j = softmax(Q_j K_{g(j)}ᵀ / √d + causal mask) V_{g(j)}          j = 0 … 2h−1, g(j) = j // (2h / h_kv)
+    λ_{t,i} = sigmoid(x_t · w_i),  w_i the i-th row of W_λ ∈ R^{h×D}    (per token t, per output head i)
+    A_i = O_{2i} − λ_{·,i} ⊙ O_{2i+1}                                  i = 0 … h−1 (heads 2i, 2i+1: one GQA group)
+    output = concat_i(A_i) W_O,  W_O ∈ R^{(h·d)×D}                      (no per-head RMSNorm, no (1 − λ_init) scale)
+
+Matched exactly: doubled query heads with K/V heads unchanged, the adjacent pairing 0::2 / 1::2 (both heads of a
+pair share one GQA group: the authors' README calls the halves pairing wrong), λ = sigmoid of a bias-free linear
+projection of the attention input, per token and per output head, the subtraction applied to the attention
+*outputs* before W_O, W_O of the baseline's size, no per-head normalisation, causal attention, no biases.
+
+Chosen here (and why):
+- RoPE is LLaMA's rotate-half layout; the reference applies flash-attn's interleaved layout. The two differ by a
+  fixed permutation of each head's d dimensions applied to Q and K alike, which leaves every logit Q·Kᵀ unchanged:
+  the same family of functions, with the weights' rows permuted.
+- The rest of the model (pre-norm RMSNorm decoder layers, SwiGLU MLP, embeddings, LM head) is LLaMA's: the
+  reference publishes the attention module only.
+- Initialisation: transformers' default for every nn.Linear (normal, std `initializer_range`), W_λ included, so
+  λ starts near sigmoid(0) = 0.5. The reference module leaves initialisation to its (unpublished) training code.
+Not public: the training framework, the initialisation and the sizes used for the blog's experiments.
+
+Config convention (as DiffLlama's): `num_attention_heads` counts the heads attention computes — the 2h query
+heads, which quantdiff's taps see as maps 1 (even) and 2 (odd) — and `head_dim` defaults to
+hidden_size / (num_attention_heads / 2), so h·d = hidden_size as in the baseline.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from huggingface_hub.dataclasses import strict
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaConfig
+from transformers.cache_utils import Cache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import (
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaMLP,
+    LlamaModel,
+    LlamaPreTrainedModel,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+    eager_attention_forward,  # the eager reference: what `attn_implementation="eager"` runs
+)
+
+MODEL_TYPE = "quantdiff_diffv2"
+
+
+@strict
+class DiffV2Config(LlamaConfig):
+    """A LLaMA config whose attention is DIFF V2: `num_attention_heads` = 2h query heads, paired (2i, 2i+1)."""
+
+    model_type = MODEL_TYPE
+
+    def __post_init__(self, **kwargs):
+        if self.head_dim is None and self.num_attention_heads >= 2:
+            self.head_dim = self.hidden_size // (self.num_attention_heads // 2)
+        super().__post_init__(**kwargs)
+
+    def validate_architecture(self):
+        heads, kv = self.num_attention_heads, self.num_key_value_heads or self.num_attention_heads
+        if heads % 2:
+            raise ValueError(f"DIFF V2 pairs query heads: num_attention_heads={heads} must be even")
+        if heads % kv or (heads // kv) % 2:
+            raise ValueError(f"DIFF V2 pairs query heads within a GQA group: num_attention_heads={heads} must be an even multiple of num_key_value_heads={kv}")
+
+    @property
+    def output_heads(self) -> int:
+        """h: the differential heads, one per query pair."""
+        return self.num_attention_heads // 2
+
+
+class DiffV2Attention(nn.Module):
+    """Differential attention V2 (equations in the module docstring); attention itself through the registry."""
+
+    def __init__(self, config: DiffV2Config, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = True
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(config.output_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.lambda_proj = nn.Linear(config.hidden_size, config.output_heads, bias=False)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, 2h, T, d)
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, h_kv, T, d)
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+        lam = torch.sigmoid(self.lambda_proj(hidden_states))  # (B, T, h)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, weights = attention_interface(
+            self, query, key, value, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs,
+        )  # fmt: skip
+        out = out[:, :, 0::2] - lam[..., None].to(out.dtype) * out[:, :, 1::2]  # (B, T, h, d): pairs share a GQA group
+        return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+
+
+class DiffV2DecoderLayer(LlamaDecoderLayer):
+    """LLaMA's pre-norm decoder layer with DIFF V2 attention."""
+
+    def __init__(self, config: DiffV2Config, layer_idx: int) -> None:
+        nn.Module.__init__(self)
+        self.hidden_size = config.hidden_size
+        self.self_attn = DiffV2Attention(config, layer_idx)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+class DiffV2PreTrainedModel(LlamaPreTrainedModel):
+    config: DiffV2Config
+    config_class = DiffV2Config
+    _no_split_modules = ["DiffV2DecoderLayer"]
+    _can_record_outputs = {"hidden_states": DiffV2DecoderLayer, "attentions": DiffV2Attention}
+
+
+class DiffV2Model(DiffV2PreTrainedModel, LlamaModel):
+    """LLaMA's decoder stack (its forward) over DIFF V2 layers."""
+
+    def __init__(self, config: DiffV2Config) -> None:
+        DiffV2PreTrainedModel.__init__(self, config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList([DiffV2DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+
+class DiffV2ForCausalLM(DiffV2PreTrainedModel, LlamaForCausalLM):
+    """LLaMA's causal-LM head (its forward, generation and tied-weight rules) over a DIFF V2 model."""
+
+    def __init__(self, config: DiffV2Config) -> None:
+        DiffV2PreTrainedModel.__init__(self, config)
+        self.model = DiffV2Model(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+
+def register() -> None:
+    """Make "quantdiff_diffv2" loadable through AutoConfig / AutoModel / AutoModelForCausalLM (idempotent)."""
+    AutoConfig.register(MODEL_TYPE, DiffV2Config, exist_ok=True)
+    AutoModel.register(DiffV2Config, DiffV2Model, exist_ok=True)
+    AutoModelForCausalLM.register(DiffV2Config, DiffV2ForCausalLM, exist_ok=True)
+
+
+register()

@@ -95,16 +95,28 @@ class BigramBackcopy:
         if length < 2:
             raise DataError(f"a {NAME} sequence needs at least 2 tokens, got {length}")
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(seed))))
+        # One uniform per position, drawn row after row: sequence i is the same whatever `count` is.
+        uniform = rng.random((count, length))
         rows = np.empty((count, length), dtype=np.int64)
         rows[:, 0] = self.bos_id
-        rows[:, 1] = _draw(np.broadcast_to(np.cumsum(self.first), (count, len(self.chars))), rng)
+        rows[:, 1] = _draw(np.broadcast_to(np.cumsum(self.first), (count, len(self.chars))), uniform[:, 1])
         cumulative = np.cumsum(self.transition, axis=1)
         is_trigger = np.zeros(self.vocab_size, dtype=bool)
         is_trigger[list(self.triggers)] = True
         for t in range(2, length):
-            bigram = _draw(cumulative[rows[:, t - 1]], rng)  # drawn for every row: fixed RNG use
+            bigram = _draw(cumulative[rows[:, t - 1]], uniform[:, t])
             rows[:, t] = np.where(is_trigger[rows[:, t - 1]], rows[:, t - 2], bigram)
         return torch.from_numpy(rows)
+
+    def next_distribution(self, inputs: torch.Tensor) -> torch.Tensor:
+        """(…, vocab) true distribution of the token after each input token when it is BOS or a non-trigger
+        (the first-character distribution after BOS, the transition row after a character); rows of triggers
+        are left zero (their successor is the copy, which the distribution of the input alone does not give)."""
+        table = torch.zeros(self.vocab_size, self.vocab_size, dtype=torch.float64)
+        table[: len(self.chars), : len(self.chars)] = torch.from_numpy(self.transition)
+        table[self.bos_id, : len(self.chars)] = torch.from_numpy(self.first)
+        table[list(self.triggers)] = 0
+        return table[inputs]
 
     def train_rows(self, seed: int, step: int, count: int, length: int) -> torch.Tensor:
         return self.sequences((TRAIN_STREAM, seed, step), count, length)
@@ -133,9 +145,9 @@ class BigramBackcopy:
             raise DataError(f"the {NAME} task needs a model trained on {NAME} (its character tokenizer); this tokenizer differs")
 
 
-def _draw(cumulative: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def _draw(cumulative: np.ndarray, uniform: np.ndarray) -> np.ndarray:
     """One index per row of `cumulative` (rows of cumulative probabilities), by inverse transform sampling."""
-    u = rng.random(len(cumulative))[:, None] * cumulative[:, -1:]
+    u = uniform[:, None] * cumulative[:, -1:]
     return np.minimum((cumulative <= u).sum(axis=1), cumulative.shape[1] - 1)
 
 

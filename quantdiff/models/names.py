@@ -1,5 +1,5 @@
 """Model names: local directories, built-in names ('tiny' is the pair shipped inside the package, trained by
-recipes/tiny.toml) and Hugging Face hub ids ('org/name', optionally 'org/name@revision') resolved through the
+recipes/tiny.toml; 'bb' the arms trained by recipes/bb.toml on the Bigram-Backcopy task) and Hugging Face hub ids ('org/name', optionally 'org/name@revision') resolved through the
 local hub cache; only safetensors, JSON and tokenizer files are ever fetched, and only when not offline.
 """
 
@@ -12,24 +12,23 @@ from pathlib import Path
 from typing import Sequence
 
 from quantdiff.core.errors import ConfigError, LoadError
-from quantdiff.models.pairs import KINDS
-
-ASSETS = Path(__file__).resolve().parents[1] / "assets"  # the package's data: the shipped pair
-BUILT_IN = ("tiny",)
+ASSETS = Path(__file__).resolve().parents[1] / "assets"  # the package's data: the shipped models
+# Built-in name → its models (directories under ASSETS/<name>/), in the order reports list them.
+BUILT_IN = {"tiny": ("standard", "diff")}
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # What a model needs: weights (safetensors only, never pickles), configs and tokenizer files.
 HUB_FILES = ["*.safetensors", "*.safetensors.index.json", "*.json", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]
 
 
 def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]:
-    """'tiny' → [standard, diff] directories; 'tiny/diff' → that one; an existing path → itself;
+    """'tiny' → [standard, diff] directories (a built-in name → all its models); 'tiny/diff' → that one; an existing path → itself;
     'org/name' (or 'org/name@revision') → its snapshot directory in the Hugging Face cache."""
     path = Path(name_or_path)
     if path.exists():
         return [path]
     name, _, kind = str(name_or_path).partition("/")
-    if name in BUILT_IN and kind in ("", *KINDS):
-        dirs = [ASSETS / name / k for k in ((kind,) if kind else KINDS)]
+    if name in BUILT_IN and kind in ("", *BUILT_IN[name]):
+        dirs = [ASSETS / name / k for k in ((kind,) if kind else BUILT_IN[name])]
         missing = [d for d in dirs if not (d / "config.json").is_file()]
         if missing:
             raise LoadError(f"built-in model {name_or_path!r} is missing from this install ({missing[0]})")
@@ -37,7 +36,7 @@ def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]
     repo_id, _, pinned = str(name_or_path).partition("@")
     if HUB_ID.match(repo_id) and name not in BUILT_IN:
         return [hub_snapshot(repo_id, revision or pinned or None)]
-    built = ", ".join(f"{n}, {n}/{KINDS[0]}, {n}/{KINDS[1]}" for n in BUILT_IN)
+    built = ", ".join(", ".join([n, *(f"{n}/{k}" for k in members)]) for n, members in BUILT_IN.items())
     raise LoadError(f"{str(name_or_path)!r} is neither an existing path nor a built-in model ({built}) nor a hub id (org/name)")
 
 

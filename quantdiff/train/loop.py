@@ -378,7 +378,8 @@ def train_step(run: Run, step_models: dict, autocast, step: int) -> None:
         with autocast:
             loss = lm_loss(model, inputs, targets)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(run.models[name].parameters(), cfg.grad_clip)
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(run.models[name].parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         run.state["loss"][name].append(round(loss.item(), 5))

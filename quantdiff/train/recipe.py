@@ -77,7 +77,7 @@ class TrainConfig:
     # A BOS token opens every corpus window and needle document: a fixed first token that attention can
     # learn to park on (an attention sink). False = windows start mid-text, as the shipped pair was trained.
     bos: bool = False
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # max gradient norm; 0 = no clipping (as Guo et al. train Bigram-Backcopy)
     seed: int = 0  # initialisation, batch order and needle documents: same for both kinds
     dtype: str = "float32"  # "bf16" = bfloat16 autocast, CUDA only (weights and optimizer stay float32)
     device: str = "auto"  # "auto" = CUDA when present
@@ -267,8 +267,8 @@ def _check(recipe: Recipe) -> None:
         raise ConfigError("[train] warmup_steps must be at least 0 and eval_batches at least 1")
     for key in ("weight_decay", "grad_clip"):
         value = getattr(train, key)
-        if not math.isfinite(value) or value < 0 or (key == "grad_clip" and value == 0):
-            raise ConfigError(f"[train] {key} must be a finite number {'> 0' if key == 'grad_clip' else '>= 0'}, got {value}")
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"[train] {key} must be a finite number >= 0, got {value}")
     if train.device not in ("auto", ""):
         try:
             torch.device(train.device)  # the name only: whether this machine has that device is checked at training

@@ -200,3 +200,27 @@ def test_a_micro_bb_recipe_trains_every_arm_on_the_same_batches_and_logs_emergen
     # same initial seed, same batches: the two standard arms start from the same loss and then part
     assert logs["standard"]["train_loss_curve"][0] == logs["standard-sgd"]["train_loss_curve"][0]
     assert logs["standard"]["train_loss_curve"][1:] != logs["standard-sgd"]["train_loss_curve"][1:]
+
+
+@pytest.mark.slow
+def test_reproduce_reports_every_arm_on_the_bb_task(tmp_path, monkeypatch, capsys):
+    from quantdiff.cli.app import main
+
+    monkeypatch.chdir(tmp_path)
+    recipe = MICRO.replace("[analysis]", "") + "\n[analysis]\nstats_tokens = 128\nseq_len = 32\nbits = [8, 4]\n"
+    (tmp_path / "micro.toml").write_text(recipe)
+    main(["reproduce", "micro.toml", "--out", "rep"])
+    assert "report -> rep/report.md" in capsys.readouterr().out.replace("\\", "/")
+    stats = json.loads((tmp_path / "rep" / "stats.json").read_text())
+    sweep = json.loads((tmp_path / "rep" / "sweep.json").read_text())
+    report = (tmp_path / "rep" / "report.md").read_text()
+    arms = ["standard", "diff", "diffv2", "standard-sgd"]
+    assert [(m["name"], m["kind"]) for m in stats["models"]] == list(zip(arms, ["standard", "diff", "diffv2", "standard"]))
+    assert {c["task"] for c in sweep["cells"]} == {"bb"} and {c["model"] for c in sweep["cells"]} == set(arms)
+    assert {c["site"] for c in sweep["cells"] if c["bits"]} == {"logits", "qk", "linear"}
+    sinks = report.split("## Attention sinks and the residual peak at the first token", 1)[1].split("\n## ", 1)[0]
+    for arm in arms:
+        assert f"| {arm} |" in sinks and f"| ours | {arm} | hidden states |" in report
+    for arm in arms[1:]:
+        assert f"standard ÷ {arm}" in report
+    assert "`standard-sgd`: standard, SGD (momentum 0.9), lr 0.03" in report

@@ -224,3 +224,31 @@ def test_reproduce_reports_every_arm_on_the_bb_task(tmp_path, monkeypatch, capsy
     for arm in arms[1:]:
         assert f"standard ÷ {arm}" in report
     assert "`standard-sgd`: standard, SGD (momentum 0.9), lr 0.03" in report
+
+
+@pytest.mark.parametrize("kind", ["standard", "diff", "diffv2"])
+def test_the_first_position_peak_equals_an_independent_capture(kind, generator):
+    from quantdiff.data.sources import make_batches
+    from quantdiff.models.loading import prepare
+    from quantdiff.models.pairs import SizePreset, build_model, kind_configs
+    from quantdiff.stats.collect import collect_stats
+
+    preset = SizePreset(hidden_size=32, num_layers=2, num_heads=4, vocab_size=83, max_position_embeddings=40)
+    model = build_model(kind_configs(preset, (kind,))[kind], seed=1, attn_implementation="eager").eval()
+    with torch.no_grad():  # plant a large value at BOS so the test fails if position 0 is not the one tracked
+        model.model.embed_tokens.weight[generator.bos_id, 3] = 50.0
+    rows = generator.held_out_rows(5, 40)
+    sequences = rows.tolist()
+    sequences[-1] = sequences[-1][:17]  # one shorter row: padding must not count
+    caught = []
+    hooks = [layer.register_forward_hook(lambda m, i, o: caught.append((o[0] if isinstance(o, tuple) else o).detach())) for layer in model.model.layers]
+    with torch.no_grad():
+        for seq in sequences:
+            model(input_ids=torch.tensor([seq]))
+    for hook in hooks:
+        hook.remove()
+    per_layer = [max(c[0, 0].abs().max().item() for c in caught[layer::2]) for layer in range(2)]
+    prepare(model)
+    stats = collect_stats(model, make_batches(sequences, 2, generator.pad_id)).summary()["hidden_states"]
+    assert stats["first_position"]["per_layer_max"] == pytest.approx(per_layer, rel=1e-5)
+    assert stats["first_position"]["max"] == pytest.approx(max(per_layer), rel=1e-5) and max(per_layer) > 10

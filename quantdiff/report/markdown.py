@@ -69,9 +69,9 @@ def _ratio_lines(stats: dict, kinds: dict[str, str]) -> str:
 
 
 def bos_peak(hidden: dict) -> float | None:
-    """The largest |hidden state| at position 0 among the located Top-k (None when none of them is at position 0)."""
-    at_first = [float(v["value"]) for v in hidden["topk"] if isinstance(v, dict) and v.get("position") == 0]
-    return max(at_first, default=None)
+    """The largest |hidden state| at position 0 (None in stats written before it was tracked)."""
+    first = hidden.get("first_position")
+    return None if first is None else first["max"]
 
 
 def sinks_markdown(stats: dict, kinds: dict[str, str]) -> str:
@@ -83,13 +83,12 @@ def sinks_markdown(stats: dict, kinds: dict[str, str]) -> str:
         hidden, sinks = model["hidden_states"], model.get("sinks") or {}
         peak, median = bos_peak(hidden), hidden["median"]
         top = hidden["topk"][0] if hidden["topk"] else {}
-        k = len(hidden["topk"])
         rows.append([model["name"], kinds.get(model["name"], "?"), number(sinks.get("score")), number(sinks.get("mean")),
-                     number(hidden["max"]), str(top.get("position", "–")), number(peak) if peak is not None else f"< Top-{k}",
+                     number(hidden["max"]), str(top.get("position", "–")), number(peak),
                      number(median), f"{peak / median:.1f}×" if peak is not None and median else "–"])
     note = ("Sink score: share of heads (Diff: differential heads, maps combined) whose mean attention on the first "
-            "position exceeds ε = 0.3 (Gu et al.). BOS peak: the largest |hidden state| at position 0 (the BOS token "
-            "when the models were trained with one) among the located Top-k.")
+            "position exceeds ε = 0.3 (Gu et al.). BOS peak: the largest |hidden state| (decoder-layer outputs) at position 0, "
+            "the BOS token when the models were trained with one; median: of all hidden states.")
     return note + "\n\n" + _md_table(header, rows)
 
 

@@ -12,6 +12,7 @@ from quantdiff.stats.channels import ChannelStats
 
 LOGIT_LOCATION = ("layer", "head", "sequence", "query", "key")
 HIDDEN_LOCATION = ("layer", "sequence", "position", "channel")
+FIRST_TOP = 10  # the first position's own short top list: where the residual peak at BOS sits
 PER_HEAD_TOP = 10  # per-head summaries keep a short top list: L·H full lists would swamp the JSON
 
 
@@ -26,6 +27,7 @@ class ModelStats:
     logits: AbsStats  # group layer·heads + head; locations LOGIT_LOCATION
     hidden: AbsStats  # group layer; locations HIDDEN_LOCATION
     channels: ChannelStats
+    first: AbsStats | None = None  # hidden states at position 0 only (BOS when trained with one), group layer
     tokens: int = 0
     sequences: int = 0
 
@@ -41,6 +43,7 @@ class ModelStats:
             AbsStats.empty(layers * heads, k, LOGIT_LOCATION, device),
             AbsStats.empty(layers, k, HIDDEN_LOCATION, device),
             ChannelStats.empty(layers, hidden_size, device),
+            AbsStats.empty(layers, FIRST_TOP, HIDDEN_LOCATION, device),
         )
 
     def merge(self, other: ModelStats) -> ModelStats:
@@ -49,6 +52,10 @@ class ModelStats:
         self.logits.merge(other.logits)
         self.hidden.merge(other.hidden)
         self.channels.merge(other.channels)
+        if self.first is not None and other.first is not None:
+            self.first.merge(other.first)
+        else:
+            self.first = None  # one side never tracked it: no exact merge
         self.tokens += other.tokens
         self.sequences += other.sequences
         return self
@@ -62,6 +69,7 @@ class ModelStats:
             "logits": self.logits.to_dict(),
             "hidden": self.hidden.to_dict(),
             "channels": self.channels.to_dict(),
+            "first": None if self.first is None else self.first.to_dict(),
             "tokens": self.tokens,
             "sequences": self.sequences,
         }
@@ -76,6 +84,7 @@ class ModelStats:
             AbsStats.from_dict(data["logits"], device),
             AbsStats.from_dict(data["hidden"], device),
             ChannelStats.from_dict(data["channels"], device),
+            AbsStats.from_dict(data["first"], device) if data.get("first") else None,
             data["tokens"],
             data["sequences"],
         )
@@ -93,7 +102,7 @@ class ModelStats:
 
     def summary(self, quantiles: Sequence[float] = DEFAULT_QUANTILES) -> dict:
         """JSON-ready: `attention_logits` (overall, per_layer, per_head, per_map for Diff) and `hidden_states`
-        (overall, per_layer, per-channel max, LLM.int8 outlier features)."""
+        (overall, per_layer, per-channel max, LLM.int8 outlier features, the largest |value| at position 0)."""
         logit = lambda groups, top=None: self._with_maps(self.logits.pooled(groups).summary(quantiles, top))  # noqa: E731
         logits = logit(None)
         logits["per_layer"] = [logit(self.logit_groups(layer=l)) for l in range(self.layers)]
@@ -104,6 +113,10 @@ class ModelStats:
         hidden["per_layer"] = [self.hidden.pooled([l]).summary(quantiles) for l in range(self.layers)]
         hidden["channel_absmax"] = self.channels.absmax.tolist()
         hidden["outlier_features"] = self.channels.outlier_summary()
+        if self.first is not None:
+            first = self.first.pooled()
+            hidden["first_position"] = {"max": first.summary(())["max"],
+                                        "per_layer_max": [self.first.pooled([l]).summary(())["max"] for l in range(self.layers)]}
         return {"attention_logits": logits, "hidden_states": hidden}
 
     def _with_maps(self, summary: dict) -> dict:

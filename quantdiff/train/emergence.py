@@ -56,4 +56,5 @@ def measure(model: torch.nn.Module, batches: list[Batch], step: int, tokens: int
     if "per_map" in logits:
         entry["attention_logits"]["per_map_top1"] = {m: s["max"] for m, s in logits["per_map"].items()}
     entry["hidden_states"]["per_layer_top1"] = [layer["max"] for layer in hidden["per_layer"]]
+    entry["hidden_states"]["first_position_top1"] = hidden["first_position"]["max"]  # the residual peak at BOS
     return entry

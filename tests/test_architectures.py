@@ -65,6 +65,7 @@ SUPPORTED = {
     "gpt_neox": {},
     "gpt_oss": dict(head_dim=8, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], **MOE),
     "stablelm": {},
+    "quantdiff_diffv2": {},  # quantdiff's own DIFF Transformer V2: 4 query heads paired (0,1), (2,3) over 2 KV heads
 }
 # Every other decoder of the installed transformers that builds from the same tiny config, checked the same way
 # (slow: about a second each).
@@ -239,9 +240,9 @@ def test_dropout_in_training_is_refused_on_the_tiled_path():
         model(input_ids=_inputs()[0])
 
 
-# ---- end to end: one soft-capping, one sinks and one fused-QKV family through the CLI --------------------------
+# ---- end to end: one soft-capping, one sinks, one fused-QKV family and DIFF V2 through the CLI --------------------------
 
-END_TO_END = {"gemma2": "softcap", "gpt_oss": "sinks", "phi3": "fused qkv_proj"}
+END_TO_END = {"gemma2": "softcap", "gpt_oss": "sinks", "phi3": "fused qkv_proj", "quantdiff_diffv2": "per-token λ"}
 
 
 def _saved_with_tokenizer(model_type: str, directory) -> int:

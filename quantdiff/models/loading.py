@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -75,8 +76,10 @@ def load_config(path: str | Path, trust_remote_code: bool = False):
     path = check_model_dir(path)
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-    except (ValueError, KeyError, OSError) as exc:
-        raise LoadError(f"cannot read config.json in {path}: {str(exc).splitlines()[0]}") from None
+    except (ValueError, KeyError, OSError, StrictDataclassError) as exc:  # strict configs validate their sizes
+        lines = str(exc).splitlines()
+        reason = lines[-1].strip() if isinstance(exc, StrictDataclassError) else lines[0]  # the cause, not the validator's name
+        raise LoadError(f"cannot read config.json in {path}: {reason}") from None
     remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     registered = type(config) in AutoModelForCausalLM._model_mapping  # quantdiff's own model types too (DIFF V2)
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not registered and not remote:

@@ -150,8 +150,9 @@ def lambda_projections(model: nn.Module) -> list[tuple[int, nn.Module]]:
 
 
 def token_lambda(projected: torch.Tensor) -> torch.Tensor:
-    """DIFF V2's λ from its projection's output: sigmoid, per token and pair."""
-    return torch.sigmoid(projected.float())
+    """DIFF V2's λ from its projection's output: sigmoid, per token and pair, in float64 (1 − λ divides the
+    combined map, and float32 rounds sigmoid(z) to 1 from z ≈ 17)."""
+    return torch.sigmoid(projected.double())
 
 
 def logit_softcap(config) -> float | None:

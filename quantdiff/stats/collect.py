@@ -135,7 +135,7 @@ def collect(
     """
     collector = StatsCollector(model, k, compile)
     with tracking(model) as coverage:
-        with observe(model, collector.on_logits, collector.on_hidden, collector.sinks.on_lambda), torch.inference_mode():
+        with observe(model, collector.on_logits, collector.on_hidden, on_lambda=collector.sinks.on_lambda), torch.inference_mode():
             for batch in batches:
                 collector.run(model, batch)
                 if progress is not None:

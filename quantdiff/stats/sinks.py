@@ -44,8 +44,10 @@ class SinkStats:
 
     @classmethod
     def empty(cls, layers: int, heads: int, lambdas: list[float] | None = None, pairing: str | None = None) -> SinkStats:
-        """`pairing` without `lambdas`: differential attention whose λ comes per token through `on_lambda`."""
+        """`lambdas` alone: DiffLlama's pairing; `pairing` without `lambdas`: differential attention whose λ comes
+        per token through `on_lambda`."""
         zeros = lambda width: torch.zeros(layers, width, dtype=torch.int64)  # noqa: E731
+        pairing = pairing or ("halves" if lambdas is not None else None)
         per_token = pairing is not None and lambdas is None
         return cls(zeros(heads), zeros(heads), lambdas, pairing, zeros(heads // 2) if per_token else None)
 

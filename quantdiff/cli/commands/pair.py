@@ -1,4 +1,4 @@
-"""`quantdiff pair OUT`: write an untrained, randomly initialised matched standard/Diff pair."""
+"""`quantdiff pair OUT`: write an untrained, randomly initialised matched standard/Diff pair (and DIFF V2)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def pair(
     context: Annotated[int, typer.Option(help="Maximum positions.")] = 512,
     seed: Annotated[int, typer.Option(help="Initialisation seed (the same for both kinds).")] = 0,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    diffv2: Annotated[bool, typer.Option("--diffv2", help="Also write OUT/diffv2: DIFF Transformer V2 of the same sizes (2·heads query heads).")] = False,
 ) -> None:
     """Build an UNTRAINED matched pair (same config; parameter counts differ only by the λ vectors)."""
     from rich.console import Console
@@ -25,14 +26,14 @@ def pair(
     from quantdiff.cli.validate import check_positive
     from quantdiff.core.errors import ConfigError
     from quantdiff.core.savedir import check_target, save_pair
-    from quantdiff.models.pairs import SizePreset, build_pair, lambda_parameter_count, parameter_count
+    from quantdiff.models.pairs import ALL_KINDS, KINDS, SizePreset, build_pair, lambda_parameter_count, parameter_count
 
     check_positive(hidden_size=hidden_size, layers=layers, heads=heads, vocab_size=vocab_size, context=context)
     if kv_heads < 0:
         raise ConfigError(f"--kv-heads must be at least 0 (0 = --heads), got {kv_heads}")
     check_target(out, force, flag="OUT")
     preset = SizePreset(hidden_size, layers, heads, kv_heads or None, None, vocab_size, context)
-    models = build_pair(preset, seed=seed)
+    models = build_pair(preset, seed=seed, kinds=ALL_KINDS if diffv2 else KINDS)
     save_pair(models, out, force=force)
     console = Console()
     for kind, model in models.items():

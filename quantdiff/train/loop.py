@@ -168,11 +168,11 @@ def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor)
 
 
 def make_optimizer(model: PreTrainedModel, cfg: TrainConfig, arm: ArmConfig) -> tuple[torch.optim.Optimizer, list[str]]:
-    """The arm's optimizer (AdamW, or SGD with momentum) with weight decay on matrices only (not norms, not λ;
-    every parameter with `decay_all`); also the parameter names in state order."""
+    """The arm's optimizer (AdamW, or SGD with momentum) with weight decay on matrices only (not norms, not λ);
+    also the parameter names in state order."""
     named = list(model.named_parameters())
-    decay = [(n, p) for n, p in named if p.ndim >= 2 or cfg.decay_all]
-    other = [(n, p) for n, p in named if not (p.ndim >= 2 or cfg.decay_all)]
+    decay = [(n, p) for n, p in named if p.ndim >= 2]
+    other = [(n, p) for n, p in named if p.ndim < 2]
     groups = [
         {"params": [p for _, p in decay], "weight_decay": arm.decay(cfg)},
         {"params": [p for _, p in other], "weight_decay": 0.0},

@@ -72,7 +72,6 @@ class TrainConfig:
     min_lr: float = 3e-4  # cosine decay floor
     warmup_steps: int = 100
     weight_decay: float = 0.1  # AdamW, matrices only; weight decay encourages attention sinks
-    decay_all: bool = False  # true: weight decay on every parameter, norms and λ included (as Guo et al. train)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95  # the large-LM choice (1B runs of the sink studies); PyTorch's default is 0.999
     # A BOS token opens every corpus window and needle document: a fixed first token that attention can

@@ -7,7 +7,7 @@ setup:
 	bash scripts/setup.sh
 
 reproduce: setup
-	.venv/bin/quantdiff reproduce tiny --out report --items 100 --force
+	.venv/bin/quantdiff reproduce bb --out report --items 100 --force
 
 test: setup
 	.venv/bin/python -m pytest -q

@@ -117,7 +117,7 @@ def test_reproduce_micro_recipe_end_to_end(tmp_path, monkeypatch, capsys):
     logs = {kind: json.loads((tmp_path / "runs" / "micro" / kind / "train_log.json").read_text()) for kind in ("standard", "diff")}
     assert all(len(log["outliers"]) >= 2 for log in logs.values())
     _check_emergence_table(report, logs)
-    assert "(BOS first, as in training)" in report and stats["data"]["source"] == "builtin:corpus, BOS first (as the pair was trained)"
+    assert "(builtin:corpus, BOS first (as the pair was trained))" in report and stats["data"]["source"] == "builtin:corpus, BOS first (as the pair was trained)"
     assert all(m["sinks"]["heads_scored"] > 0 for m in stats["models"])
 
 

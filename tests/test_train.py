@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from quantdiff.data import corpus
 from quantdiff.train import loop as training
 from quantdiff.models.pairs import KINDS, build_pair
-from quantdiff.train.recipe import parse_recipe
+from quantdiff.train.recipe import ArmConfig, parse_recipe
 
 RECIPE = """
 [data]
@@ -127,11 +127,11 @@ def test_unigram_entropy_matches_the_formula():
 
 def test_optimizer_state_round_trips_without_pickle(recipe):
     model = build_pair(recipe.model)["diff"]
-    optimizer, names = training.make_optimizer(model, recipe.train)
+    optimizer, names = training.make_optimizer(model, recipe.train, recipe.arms[1])
     model(input_ids=torch.randint(0, 300, (2, 8))).logits.sum().backward()
     optimizer.step()
     tensors = training.optimizer_tensors(optimizer, names)
-    fresh, _ = training.make_optimizer(model, recipe.train)
+    fresh, _ = training.make_optimizer(model, recipe.train, recipe.arms[1])
     training.load_optimizer_tensors(fresh, names, tensors)
     for (index, before), after in zip(optimizer.state_dict()["state"].items(), fresh.state_dict()["state"].values()):
         assert before.keys() == after.keys()
@@ -169,7 +169,7 @@ def test_greedy_exact_match_counts_only_the_full_value(synthetic_corpus, recipe)
 def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(synthetic_corpus, recipe, tmp_path):
     full = training.train_pair(recipe, tmp_path / "full")
     assert training.train_pair(recipe, tmp_path / "resumed", stop_after=3) is None
-    assert not training.pair_exists(tmp_path / "resumed")
+    assert not training.arms_exist(tmp_path / "resumed", recipe)
     assert json.loads((tmp_path / "resumed" / training.CHECKPOINT / "state.json").read_text())["step"] == 3
     resumed = training.train_pair(recipe, tmp_path / "resumed")
     assert not (tmp_path / "resumed" / training.CHECKPOINT).exists()
@@ -223,8 +223,17 @@ def test_bos_rows_start_with_bos_and_keep_their_length(synthetic_corpus):
 def test_adam_betas_come_from_the_recipe(recipe):
     custom = parse_recipe(RECIPE.replace("[train]", "[train]\nadam_beta1 = 0.8\nadam_beta2 = 0.99"), "unit")
     model = build_pair(custom.model, 0, "sdpa")["standard"]
-    assert training.make_optimizer(model, custom.train)[0].defaults["betas"] == (0.8, 0.99)
-    assert training.make_optimizer(model, recipe.train)[0].defaults["betas"] == (0.9, 0.95)  # the default: as before
+    assert training.make_optimizer(model, custom.train, custom.arms[0])[0].defaults["betas"] == (0.8, 0.99)
+    assert training.make_optimizer(model, recipe.train, recipe.arms[0])[0].defaults["betas"] == (0.9, 0.95)  # the default: as before
+
+
+def test_an_sgd_arm_gets_sgd_with_its_own_rate_and_decay(recipe):
+    model = build_pair(recipe.model, 0, "sdpa")["standard"]
+    arm = ArmConfig("control", "standard", optimizer="sgd", lr=0.03, weight_decay=1e-4, momentum=0.8)
+    optimizer, names = training.make_optimizer(model, recipe.train, arm)
+    assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["momentum"] == 0.8
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [1e-4, 0.0] and optimizer.defaults["lr"] == 0.03
+    assert len(names) == sum(1 for _ in model.parameters())
 
 
 def test_existing_pair_is_not_overwritten_without_force(synthetic_corpus, recipe, tmp_path):

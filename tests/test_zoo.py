@@ -70,3 +70,19 @@ def test_shipped_tokenizer_makes_every_needle_word_one_token():
     tokenizer = AutoTokenizer.from_pretrained(SHIPPED["standard"], local_files_only=True)
     for word in KEYS + VALUE_WORDS:
         assert len(tokenizer(" " + word, add_special_tokens=False)["input_ids"]) == 1, word
+
+
+BB = zoo.BUILT_IN["bb"]
+
+
+def test_the_shipped_bb_arms_resolve_load_and_carry_their_emergence_series():
+    dirs = zoo.resolve("bb")
+    assert dirs == [zoo.ASSETS / "bb" / arm for arm in BB] and zoo.resolve("bb/standard-sgd") == [dirs[-1]]
+    recipe = load_recipe("bb")
+    assert recipe.arm_names == BB
+    for arm, directory in zip(BB, dirs):
+        assert (directory / "recipe.toml").read_text() == (REPO_RECIPES / "bb.toml").read_text()
+        log = json.loads((directory / "train_log.json").read_text())
+        assert log["arm"]["name"] == arm and len(log["outliers"]) >= 5
+        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+        assert model.config.vocab_size == 83 and AutoTokenizer.from_pretrained(directory, local_files_only=True).bos_token_id == 81

@@ -15,6 +15,7 @@ CLI_FIELDS = {
     "choice": {"data": "path", "seed": "seed"},
     "lm": {"data": "path", "context": "context"},
     "retrieval": {"data": "filler_path", "context": "context_tokens", "needles": "n_needles", "depth": "depth", "seed": "seed"},
+    "bb": {"context": "context"},
 }
 
 

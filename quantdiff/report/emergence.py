@@ -1,7 +1,7 @@
-"""Outlier emergence over training: the `outliers` series of both models' train_log.json, plotted and tabled.
+"""Outlier emergence over training: the `outliers` series of every model's train_log.json, plotted and tabled.
 
-`quantdiff train` measures both models on the same held-out sequences at every eval step (train.emergence);
-this module turns the two series into report.md's "Emergence" section and `emergence.png` (Top-1 |attention
+`quantdiff train` measures every arm on the same held-out sequences at every eval step (train.emergence);
+this module turns the series into report.md's "Emergence" section and `emergence.png` (Top-1 |attention
 logit|, Top-1 |hidden state| and the attention-sink score against training tokens, standard vs diff).
 """
 
@@ -13,6 +13,7 @@ from pathlib import Path
 PANELS = (
     ("attention_logits", "top1", "Top-1 attention logit (abs)"),
     ("hidden_states", "top1", "Top-1 hidden state (abs)"),
+    ("hidden_states", "first_position_top1", "largest hidden state at position 0 (abs)"),
     ("sink", "score", "sink score (share of heads > ε)"),
     ("sink", "mean", "mean attention on position 0"),
 )
@@ -33,15 +34,21 @@ def _value(entry: dict, block: str, key: str) -> float | None:
     return entry.get(block, {}).get(key)
 
 
+def _panels(series: dict[str, list[dict]]) -> list[tuple[str, str, str]]:
+    """The PANELS some entry has a value for (logs written before a quantity was tracked lack it)."""
+    return [p for p in PANELS if any(_value(e, p[0], p[1]) is not None for entries in series.values() for e in entries)]
+
+
 def plot_emergence(series: dict[str, list[dict]], path: Path) -> Path:
-    """One PNG, a panel per PANELS entry, a line per model kind (x: training tokens per model)."""
+    """One PNG, a panel per tracked PANELS entry, a line per model (x: training tokens per model)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.6))
-    for ax, (block, key, label) in zip(axes, PANELS):
+    panels = _panels(series)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    for ax, (block, key, label) in zip(axes, panels):
         for kind, entries in series.items():
             points = [(e["tokens"], _value(e, block, key)) for e in entries if _value(e, block, key) is not None]
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=kind)
@@ -68,15 +75,16 @@ def emergence_markdown(series: dict[str, list[dict]]) -> str:
     kinds = list(series)
     steps = sorted({e["step"] for entries in series.values() for e in entries})
     by_step = {kind: {e["step"]: e for e in entries} for kind, entries in series.items()}
-    header = ["step", "tokens"] + [f"{label} — {kind}" for _, _, label in PANELS for kind in kinds]
+    panels = _panels(series)
+    header = ["step", "tokens"] + [f"{label} — {kind}" for _, _, label in panels for kind in kinds]
     rows = []
     for step in steps:
         tokens = next(by_step[k][step]["tokens"] for k in kinds if step in by_step[k])
-        cells = [_fmt(_value(by_step[k].get(step, {}), block, key)) for block, key, _ in PANELS for k in kinds]
+        cells = [_fmt(_value(by_step[k].get(step, {}), block, key)) for block, key, _ in panels for k in kinds]
         rows.append([str(step), f"{tokens:,}", *cells])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
     note = (
-        "Both models measured at every eval step on the same held-out sequences (BOS first when the recipe trains "
+        "Every model measured at every eval step on the same held-out sequences (BOS first when the recipe trains "
         "with one). Sink score: share of heads (Diff: differential heads, maps combined as (A1 − λ·A2)/(1 − λ)) "
         "whose mean attention on the first position exceeds ε = 0.3."
     )

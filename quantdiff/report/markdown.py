@@ -48,16 +48,49 @@ def table5_markdown(stats: dict, kinds: dict[str, str]) -> str:
     return table + "\n\n" + _ratio_lines(stats, kinds)
 
 
+def reference_model(stats: dict, kinds: dict[str, str]) -> dict | None:
+    """The model the others are compared with: the one named 'standard', else the first of kind standard."""
+    models = stats["models"]
+    return next((m for m in models if m["name"] == "standard"), None) or next((m for m in models if kinds.get(m["name"]) == "standard"), None)
+
+
 def _ratio_lines(stats: dict, kinds: dict[str, str]) -> str:
-    by_kind = {kinds.get(m["name"]): m for m in stats["models"]}
-    if "standard" not in by_kind or "diff" not in by_kind:
+    """Top-1 of the standard model ÷ Top-1 of every other model (the paper's ratio beside Diff's)."""
+    reference = reference_model(stats, kinds)
+    if reference is None:
         return ""
     lines = []
-    for key, label in ACTIVATIONS.items():
-        ours = table5_row(by_kind["standard"][key])[0] / max(table5_row(by_kind["diff"][key])[0], 1e-30)
-        theirs = paper.TABLE5["standard"][key][0] / paper.TABLE5["diff"][key][0]
-        lines.append(f"- Top-1 {label}, standard ÷ diff: ours **{ours:.2f}×**, paper {theirs:.2f}×")
+    for model in (m for m in stats["models"] if m is not reference):
+        for key, label in ACTIVATIONS.items():
+            ours = table5_row(reference[key])[0] / max(table5_row(model[key])[0], 1e-30)
+            theirs = paper.TABLE5["standard"][key][0] / paper.TABLE5["diff"][key][0]
+            paper_note = f", paper {theirs:.2f}×" if kinds.get(model["name"]) == "diff" else ""
+            lines.append(f"- Top-1 {label}, {reference['name']} ÷ {model['name']}: ours **{ours:.2f}×**{paper_note}")
     return "\n".join(lines)
+
+
+def bos_peak(hidden: dict) -> float | None:
+    """The largest |hidden state| at position 0 (None in stats written before it was tracked)."""
+    first = hidden.get("first_position")
+    return None if first is None else first["max"]
+
+
+def sinks_markdown(stats: dict, kinds: dict[str, str]) -> str:
+    """Per model: the attention-sink score and where the largest residual value sits, against the median."""
+    header = ["model", "kind", "sink score (heads > ε)", "mean attention on position 0", "Top-1 hidden", "at position",
+              "BOS peak", "median", "BOS peak ÷ median"]
+    rows = []
+    for model in stats["models"]:
+        hidden, sinks = model["hidden_states"], model.get("sinks") or {}
+        peak, median = bos_peak(hidden), hidden["median"]
+        top = hidden["topk"][0] if hidden["topk"] else {}
+        rows.append([model["name"], kinds.get(model["name"], "?"), number(sinks.get("score")), number(sinks.get("mean")),
+                     number(hidden["max"]), str(top.get("position", "–")), number(peak),
+                     number(median), f"{peak / median:.1f}×" if peak is not None and median else "–"])
+    note = ("Sink score: share of heads (Diff: differential heads, maps combined) whose mean attention on the first "
+            "position exceeds ε = 0.3 (Gu et al.). BOS peak: the largest |hidden state| (decoder-layer outputs) at position 0, "
+            "the BOS token when the models were trained with one; median: of all hidden states.")
+    return note + "\n\n" + md_table(header, rows)
 
 
 def figure8_markdown(cells: list[dict]) -> str:
@@ -99,6 +132,7 @@ def write_report_markdown(
         f"{paper.SOURCE}, for comparison only (3B models trained on 350B tokens — ours are far smaller).",
         "## Setup\n\n" + "\n".join(f"- {k}: {v}" for k, v in context.items()),
         "## Largest activation values (the paper's Table 5)\n\n" + table5_markdown(stats, kinds),
+        "## Attention sinks and the residual peak at the first token\n\n" + sinks_markdown(stats, kinds),
     ]
     if emergence is not None:
         parts.append("## Emergence of outliers during training\n\n" + emergence)

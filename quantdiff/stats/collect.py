@@ -102,6 +102,9 @@ class StatsCollector:
             return torch.stack([torch.full_like(seq, layer), seq + first, flat // d, flat % d], dim=1)
 
         self.stats.hidden.update(hidden.reshape(b, 1, t * d), layer, valid, locate)  # (B, T, D) -> (B, 1, T·D)
+        # Position 0 on its own (right-padded batches: always a real token): the residual peak at BOS.
+        first_valid = None if valid is None else valid[:, :, :d]
+        self.stats.first.update(hidden[:, :1].reshape(b, 1, d), layer, first_valid, locate)
 
     def on_linear_input(self, layer: int, which: int, x: torch.Tensor) -> None:
         b, t, d = x.shape

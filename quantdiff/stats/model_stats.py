@@ -14,6 +14,7 @@ from quantdiff.stats.topk import LocatedTopK
 
 LOGIT_LOCATION = ("layer", "head", "sequence", "query", "key")
 HIDDEN_LOCATION = ("layer", "sequence", "position", "channel")
+FIRST_TOP = 10  # the first position's own short top list: where the residual peak at BOS sits
 PER_HEAD_TOP = 10  # per-head summaries keep a short top list: L·H full lists would swamp the JSON
 
 
@@ -28,6 +29,7 @@ class ModelStats:
     logits: AbsStats  # group layer·heads + head; locations LOGIT_LOCATION
     hidden: AbsStats  # group layer; locations HIDDEN_LOCATION
     linear_inputs: ChannelStats  # what enters the attention projections and the FFN expansion
+    first: AbsStats | None = None  # hidden states at position 0 only (BOS when trained with one), group layer
     tokens: int = 0
     sequences: int = 0
 
@@ -48,6 +50,7 @@ class ModelStats:
             AbsStats.empty(layers * heads, k, LOGIT_LOCATION, device),
             AbsStats.empty(layers, k, HIDDEN_LOCATION, device),
             ChannelStats.empty(layers, hidden_size, device),
+            AbsStats.empty(layers, FIRST_TOP, HIDDEN_LOCATION, device),
         )
 
     def merge(self, other: ModelStats) -> ModelStats:
@@ -56,6 +59,10 @@ class ModelStats:
         self.logits.merge(other.logits)
         self.hidden.merge(other.hidden)
         self.linear_inputs.merge(other.linear_inputs)
+        if self.first is not None and other.first is not None:
+            self.first.merge(other.first)
+        else:
+            self.first = None  # one side never tracked it: no exact merge
         self.tokens += other.tokens
         self.sequences += other.sequences
         return self
@@ -69,6 +76,7 @@ class ModelStats:
             "logits": self.logits.to_dict(),
             "hidden": self.hidden.to_dict(),
             "linear_inputs": self.linear_inputs.to_dict(),
+            "first": None if self.first is None else self.first.to_dict(),
             "tokens": self.tokens,
             "sequences": self.sequences,
         }
@@ -83,6 +91,7 @@ class ModelStats:
             AbsStats.from_dict(data["logits"], device),
             AbsStats.from_dict(data["hidden"], device),
             ChannelStats.from_dict(data["linear_inputs"], device),
+            AbsStats.from_dict(data["first"], device) if data.get("first") else None,
             data["tokens"],
             data["sequences"],
         )
@@ -100,7 +109,8 @@ class ModelStats:
 
     def summary(self, quantiles: Sequence[float] = DEFAULT_QUANTILES) -> dict:
         """JSON-ready: `attention_logits` (overall, per_layer, per_head, per_map for Diff), `hidden_states`
-        (overall, per_layer, the massive activation) and `linear_inputs` (per-channel max, LLM.int8 outlier features)."""
+        (overall, per_layer, the massive activation, the largest |value| at position 0) and `linear_inputs`
+        (per-channel max, LLM.int8 outlier features)."""
         logit = lambda groups, top=None: self._with_maps(self.logits.pooled(groups).summary(quantiles, top))  # noqa: E731
         logits = logit(None)
         logits["per_layer"] = [logit(self.logit_groups(layer=l)) for l in range(self.layers)]
@@ -110,6 +120,10 @@ class ModelStats:
         hidden = self.hidden.pooled().summary(quantiles)
         hidden["per_layer"] = [self.hidden.pooled([l]).summary(quantiles) for l in range(self.layers)]
         hidden["massive_activation"] = massive_activation(hidden)
+        if self.first is not None:
+            first = self.first.pooled()
+            hidden["first_position"] = {"max": first.summary(())["max"],
+                                        "per_layer_max": [self.first.pooled([l]).summary(())["max"] for l in range(self.layers)]}
         linear = {"channel_absmax": self.linear_inputs.absmax.tolist(), "outlier_features": self.linear_inputs.outlier_summary()}
         return {"attention_logits": logits, "hidden_states": hidden, "linear_inputs": linear}
 

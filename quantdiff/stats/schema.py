@@ -47,7 +47,7 @@ def model_entry(name: str, path: str, stats: ModelStats) -> dict:
     return {
         "name": name,
         "path": path,
-        "kind": structure.kind_of_head_maps(stats.head_maps),
+        "kind": _kind(stats),
         "layers": stats.layers,
         "heads": stats.heads,
         "hidden_size": stats.hidden_size,
@@ -56,6 +56,15 @@ def model_entry(name: str, path: str, stats: ModelStats) -> dict:
         **stats.summary(),
         **({"sinks": stats.sinks.summary()} if getattr(stats, "sinks", None) is not None else {}),
     }
+
+
+def _kind(stats: ModelStats) -> str:
+    """The attention kind: from the sink statistics' head pairing when collected (two heads pair the same way
+    in DiffLlama and DIFF V2, so the head maps alone cannot tell them apart), else from the head maps."""
+    sinks = getattr(stats, "sinks", None)
+    if sinks is not None:
+        return {"halves": "diff", "adjacent": "diffv2"}.get(sinks.pairing, "standard")
+    return structure.kind_of_head_maps(stats.head_maps)
 
 
 def document(entries: list[dict], data: dict) -> dict:

@@ -1,4 +1,4 @@
-"""Outlier emergence during training: both models measured on the same fixed held-out sequences.
+"""Outlier emergence during training: every arm measured on the same fixed held-out sequences.
 
 At every eval step each model is switched to the quantdiff backend (which computes logits tile by tile
 and lets the statistics observe them), measured, and switched back to SDPA for training. The entry
@@ -19,12 +19,9 @@ from quantdiff.stats.collect import collect_stats
 TOP_K = 10  # only the largest values are reported; a small k keeps the measurement cheap
 
 
-def outlier_batches(held_out_ids: torch.Tensor, sequences: int, seq_len: int, bos_id: int | None, pad_id: int) -> list[Batch]:
-    """The first `sequences` held-out windows of `seq_len` tokens (BOS first when training puts one there)."""
-    body = seq_len - (bos_id is not None)
-    prefix = [] if bos_id is None else [bos_id]
-    windows = [prefix + held_out_ids[i * body : (i + 1) * body].tolist() for i in range(sequences)]
-    return make_batches([w for w in windows if len(w) > len(prefix)], max(1, sequences), pad_id)
+def windows_as_batches(windows: list[list[int]], pad_id: int) -> list[Batch]:
+    """The held-out windows measured at every eval step (BOS first when training puts one there), as one batch."""
+    return make_batches(windows, max(1, len(windows)), pad_id)
 
 
 def _activation(summary: dict, location: tuple[str, ...]) -> dict:
@@ -59,4 +56,5 @@ def measure(model: torch.nn.Module, batches: list[Batch], step: int, tokens: int
     if "per_map" in logits:
         entry["attention_logits"]["per_map_top1"] = {m: s["max"] for m, s in logits["per_map"].items()}
     entry["hidden_states"]["per_layer_top1"] = [layer["max"] for layer in hidden["per_layer"]]
+    entry["hidden_states"]["first_position_top1"] = hidden["first_position"]["max"]  # the residual peak at BOS
     return entry

@@ -1,8 +1,8 @@
-"""Train a matched standard/differential pair: same initial seed, same batches in the same order.
+"""Train a recipe's arms (by default the standard/differential pair): same initial seed, same batches in the same order.
 
-Both models step in lockstep on each batch, so they see identical data and are checkpointed together.
+All arms step in lockstep on each batch, so they see identical data and are checkpointed together.
 Batches are a pure function of (seed, step): resuming needs no data-loader state, only the weights, the
-AdamW moments and the step — saved as safetensors + JSON (nothing pickled). The learning rate is a pure
+optimizer moments and the step — saved as safetensors + JSON (nothing pickled). The learning rate is a pure
 function of the step too, so an interrupted and resumed run ends with the same weights as an
 uninterrupted one (on the same device and thread count).
 
@@ -14,8 +14,10 @@ tokens, which a tiny model picks up first) to anywhere in it (copy across the wh
 shortens the values from `retrieval_value_words_start` words to the evaluated length. For the first
 `copy_warmup_steps` steps the needle rows are random-token copy documents instead (`copy_document`).
 With `[train] bos = true` every row starts with the BOS token (and so does every evaluated sequence).
+With the `bigram-backcopy` source every row is a generated sequence instead (data.bigram_backcopy), and the
+held-out sequences come from its held-out seed stream.
 
-At every eval step both models are scored on held-out text (the lm task) and measured on the same fixed
+At every eval step all arms are scored on held-out text (the lm task) and measured on the same fixed
 held-out sequences (`train.emergence`): the log's `outliers` series shows when outliers and sinks appear.
 """
 
@@ -31,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,16 +41,19 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+import quantdiff.data.bigram_backcopy as bigram_backcopy
 import quantdiff.data.corpus as corpus
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import progress_bar
-from quantdiff.models.pairs import KINDS, build_pair, lambda_parameter_count, parameter_count
-from quantdiff.train.recipe import Recipe, TrainConfig, check_needles_fit, curriculum
+from quantdiff.data.bigram_backcopy import BigramBackcopy
+from quantdiff.models.pairs import build_model, kind_configs, lambda_parameter_count, parameter_count
+from quantdiff.train.recipe import ArmConfig, Recipe, TrainConfig, check_needles_fit, curriculum
 from quantdiff.core.atomic import json_text
 from quantdiff.core.savedir import atomic_dir
 from quantdiff.data.needles import Filler, NeedleExample, make_needle_example, most_document_tokens, vocabulary_text
 from quantdiff.data.sources import Batch
+from quantdiff.eval.tasks.bb import BBTask
 from quantdiff.eval.tasks.lm import LMTask, PreparedLM
 from quantdiff.eval.tasks.retrieval import encode_example, exact_matches
 from quantdiff.models.tokenizer import save_tokenizer, train_bpe
@@ -63,10 +69,11 @@ IGNORE = -100  # label of padding: no loss
 @dataclass
 class PairData:
     tokenizer: PreTrainedTokenizerBase
-    train_ids: torch.Tensor  # (N,) int64, the training split as one stream
-    held_out_ids: torch.Tensor  # (M,) int64
-    filler: Filler  # training-split sentences for the needle documents
+    train_ids: torch.Tensor | None  # (N,) int64, the training split as one stream (None: generated data)
+    held_out_ids: torch.Tensor | None  # (M,) int64
+    filler: Filler | None  # training-split sentences for the needle documents
     bos_id: int | None  # prepended to every row and evaluated sequence when the recipe asks for BOS
+    generator: BigramBackcopy | None = None  # the synthetic source, when the recipe trains on it
 
 
 def split_text(recipe: Recipe, split: str) -> str:
@@ -75,6 +82,9 @@ def split_text(recipe: Recipe, split: str) -> str:
 
 def prepare_data(recipe: Recipe, tokenizer: PreTrainedTokenizerBase | None = None) -> PairData:
     """Tokenize both splits (training a BPE on the training split + the needle words unless one is given)."""
+    if recipe.synthetic:
+        generator = bigram_backcopy.load()
+        return PairData(generator.tokenizer(), None, None, None, generator.bos_id, generator)
     train_text, held_out_text = split_text(recipe, "train"), split_text(recipe, corpus.HELD_OUT_SPLIT)
     tokenizer = tokenizer or train_bpe(train_text + vocabulary_text(), recipe.model.vocab_size)
     encode = lambda text: torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)  # noqa: E731
@@ -114,6 +124,9 @@ def make_batch(step: int, data: PairData, recipe: Recipe) -> tuple[torch.Tensor,
     """(inputs, targets), each (B, T): the batch of `step`, a pure function of (seed, step)."""
     cfg = recipe.train
     B, T = cfg.batch_size, cfg.seq_len
+    if data.generator is not None:
+        rows = data.generator.train_rows(cfg.seed, step, B, T + 1)
+        return rows[:, :-1], rows[:, 1:]
     first = int(data.bos_id is not None)  # row position where text starts
     body = T + 1 - first
     generator = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) % 2**64)  # any valid seed: within torch's range
@@ -143,19 +156,23 @@ def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
 
 
-def make_optimizer(model: PreTrainedModel, cfg: TrainConfig) -> tuple[torch.optim.AdamW, list[str]]:
-    """AdamW with weight decay on matrices only (not norms, not λ); also the parameter names in state order."""
+def make_optimizer(model: PreTrainedModel, cfg: TrainConfig, arm: ArmConfig) -> tuple[torch.optim.Optimizer, list[str]]:
+    """The arm's optimizer (AdamW, or SGD with momentum) with weight decay on matrices only (not norms, not λ);
+    also the parameter names in state order."""
     named = list(model.named_parameters())
     decay = [(n, p) for n, p in named if p.ndim >= 2]
     other = [(n, p) for n, p in named if p.ndim < 2]
     groups = [
-        {"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
+        {"params": [p for _, p in decay], "weight_decay": arm.decay(cfg)},
         {"params": [p for _, p in other], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-8), [n for n, _ in decay + other]
+    names = [n for n, _ in decay + other]
+    if arm.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=arm.peak_lr(cfg), momentum=arm.momentum), names
+    return torch.optim.AdamW(groups, lr=arm.peak_lr(cfg), betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-8), names
 
 
-def optimizer_tensors(optimizer: torch.optim.AdamW, names: list[str]) -> dict[str, torch.Tensor]:
+def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
     return {
         f"optim.{names[index]}.{key}": value.detach().cpu().contiguous()
         for index, state in optimizer.state_dict()["state"].items()
@@ -163,7 +180,7 @@ def optimizer_tensors(optimizer: torch.optim.AdamW, names: list[str]) -> dict[st
     }
 
 
-def load_optimizer_tensors(optimizer: torch.optim.AdamW, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
     state_dict = optimizer.state_dict()
     for index, name in enumerate(names):
         prefix = f"optim.{name}."
@@ -174,7 +191,10 @@ def load_optimizer_tensors(optimizer: torch.optim.AdamW, names: list[str], tenso
 
 
 def held_out_windows(data: PairData, seq_len: int, max_tokens: int) -> list[list[int]]:
-    """Consecutive held-out windows of `seq_len` tokens (BOS first when training puts one there), ≈ `max_tokens` in all."""
+    """Consecutive held-out windows of `seq_len` tokens (BOS first when training puts one there), ≈ `max_tokens` in all;
+    generated data: its first held-out sequences."""
+    if data.generator is not None:
+        return data.generator.held_out_rows(max(1, max_tokens // seq_len), seq_len).tolist()
     prefix = [] if data.bos_id is None else [data.bos_id]
     body = seq_len - len(prefix)
     count = min((len(data.held_out_ids) - 1) // body, max(1, max_tokens // seq_len))
@@ -213,7 +233,7 @@ def retrieval_exact_match(model: PreTrainedModel, tokenizer: PreTrainedTokenizer
 
 
 class Checkpoint:
-    """OUT/.checkpoint/: tokenizer/, <kind>.safetensors (weights + AdamW moments), state.json (step, curves)."""
+    """OUT/.checkpoint/: tokenizer/, <arm>.safetensors (weights + optimizer moments), state.json (step, curves)."""
 
     def __init__(self, out: Path):
         self.dir = out / CHECKPOINT
@@ -259,14 +279,14 @@ class Checkpoint:
 
 
 class TrainingProgress:
-    """A rich progress bar showing tokens/s (both models together) and each model's latest loss."""
+    """A rich progress bar showing tokens/s (all arms together) and each arm's latest loss."""
 
     def __init__(self, console, total: int, completed: int):
         from rich.progress import TextColumn
 
-        losses = TextColumn("{task.fields[speed]:,.0f} tok/s  loss standard {task.fields[standard]:.3f} diff {task.fields[diff]:.3f}")
+        losses = TextColumn("{task.fields[speed]:,.0f} tok/s  loss {task.fields[losses]}")
         self.progress = progress_bar(losses, console=console, remaining=True)
-        self.task = self.progress.add_task("train", total=total, completed=completed, speed=0.0, standard=float("nan"), diff=float("nan"))
+        self.task = self.progress.add_task("train", total=total, completed=completed, speed=0.0, losses="")
         self.tokens, self.started = 0, time.perf_counter()
 
     def __enter__(self) -> TrainingProgress:
@@ -279,93 +299,98 @@ class TrainingProgress:
     def advance(self, tokens: int, losses: dict[str, float]) -> None:
         self.tokens += tokens
         speed = self.tokens / (time.perf_counter() - self.started)
-        self.progress.update(self.task, advance=1, speed=speed, **losses)
+        shown = "  ".join(f"{name} {loss:.3f}" for name, loss in losses.items())
+        self.progress.update(self.task, advance=1, speed=speed, losses=shown)
 
 
-def pair_exists(out: Path) -> bool:
-    return all((out / kind / "config.json").is_file() for kind in KINDS)
-
+def arms_exist(out: Path, recipe: Recipe) -> bool:
+    """True when every arm of `recipe` has its trained model in OUT/<arm>."""
+    return all((out / name / "config.json").is_file() for name in recipe.arm_names)
 
 
 @dataclass
 class Run:
-    """One training run: what it trains on, the two models with their optimizers, and the logged state."""
+    """One training run: what it trains on, the arms' models with their optimizers, and the logged state."""
 
     recipe: Recipe
     out: Path
     device: torch.device
     data: PairData
     models: dict[str, PreTrainedModel]
-    optimizers: dict[str, tuple[torch.optim.AdamW, list[str]]]
+    optimizers: dict[str, tuple[torch.optim.Optimizer, list[str]]]
     state: dict  # step, elapsed_s, loss, held_out and outliers curves: saved in every checkpoint
     eval_windows: list[list[int]]  # held-out lm windows scored at every eval step
-    outlier_batches: list[Batch]  # held-out sequences measured at every eval step (same for both models)
+    outlier_batches: list[Batch]  # held-out sequences measured at every eval step (same for every arm)
 
 
 def new_state(recipe: Recipe) -> dict:
-    empty = lambda: {k: [] for k in KINDS}  # noqa: E731
+    empty = lambda: {name: [] for name in recipe.arm_names}  # noqa: E731
     return {"recipe": recipe.source, "step": 0, "elapsed_s": 0.0, "loss": empty(), "held_out": empty(), "outliers": empty()}
 
 
 def start_run(recipe: Recipe, out: Path, checkpoint: Checkpoint, force: bool, console) -> Run:
-    """Check the target, read the data, build (or restore) both models and their optimizers."""
+    """Check the target, read the data, build (or restore) every arm's model and optimizer."""
     cfg = recipe.train
-    if pair_exists(out) and not checkpoint.exists() and not force:
-        raise ConfigError(f"a trained pair already exists in {out} (use --force to retrain)")
+    if arms_exist(out, recipe) and not checkpoint.exists() and not force:
+        raise ConfigError(f"trained models already exist in {out} (use --force to retrain)")
     device = resolve_device(cfg.device, "[train] device")
-    corpus.require(recipe.data.corpus_names)  # DataError with install instructions before any work
+    if not recipe.synthetic:
+        corpus.require(recipe.data.corpus_names)  # DataError with install instructions before any work
     state = checkpoint.load_state(recipe) if checkpoint.exists() and not force else None
     data = prepare_data(recipe, checkpoint.load_tokenizer() if state else None)
-    # The recipe was checked at one token per word; the trained tokenizer may need more for the rarest words.
-    check_needles_fit(recipe, partial(most_document_tokens, data.filler.count_tokens), "tokens of the trained tokenizer")
-    models = {kind: model.to(device).train() for kind, model in build_pair(recipe.model, cfg.seed, "sdpa").items()}
-    optimizers = {kind: make_optimizer(model, cfg) for kind, model in models.items()}
+    if not recipe.synthetic:
+        # The recipe was checked at one token per word; the trained tokenizer may need more for the rarest words.
+        check_needles_fit(recipe, partial(most_document_tokens, data.filler.count_tokens), "tokens of the trained tokenizer")
+    configs = kind_configs(recipe.model, tuple(dict.fromkeys(arm.kind for arm in recipe.arms)))
+    models = {arm.name: build_model(configs[arm.kind], cfg.seed, "sdpa").to(device).train() for arm in recipe.arms}
+    optimizers = {arm.name: make_optimizer(models[arm.name], cfg, arm) for arm in recipe.arms}
     if state:
         checkpoint.restore(models, optimizers)
-    counts = {kind: parameter_count(model) for kind, model in models.items()}
-    console.print(
-        f"parameters: standard {counts['standard']:,}  diff {counts['diff']:,}  "
-        f"(difference {counts['diff'] - counts['standard']:,} = λ parameters {lambda_parameter_count(models['diff']):,})"
-    )
+    console.print("parameters: " + "  ".join(
+        f"{arm.name} ({arm.kind}, {arm.optimizer}) {parameter_count(models[arm.name]):,}"
+        + (f" incl. λ {lambda_parameter_count(models[arm.name]):,}" if lambda_parameter_count(models[arm.name]) else "")
+        for arm in recipe.arms))
     if state:
         console.print(f"resuming from step {state['step']} ({checkpoint.dir})")
     console.print(f"training {cfg.steps} steps × {cfg.batch_size} × {cfg.seq_len} = {cfg.tokens:,} tokens per model on {device}")
     eval_windows = held_out_windows(data, cfg.seq_len, cfg.eval_batches * cfg.batch_size * cfg.seq_len)
-    outliers = emergence.outlier_batches(data.held_out_ids, cfg.outlier_sequences, cfg.seq_len, data.bos_id, data.tokenizer.pad_token_id)
+    outliers = emergence.windows_as_batches(held_out_windows(data, cfg.seq_len, cfg.outlier_sequences * cfg.seq_len), data.tokenizer.pad_token_id)
     return Run(recipe, out, device, data, models, optimizers, state or new_state(recipe), eval_windows, outliers if cfg.outlier_sequences else [])
 
 
 def train_step(run: Run, step_models: dict, autocast, step: int) -> None:
-    """Both models take one AdamW step on the batch of `step`."""
+    """Every arm takes one optimizer step on the batch of `step`."""
     cfg = run.recipe.train
     inputs, targets = (t.to(run.device) for t in make_batch(step, run.data, run.recipe))
-    for kind, model in step_models.items():
-        optimizer, _ = run.optimizers[kind]
+    for arm in run.recipe.arms:
+        name, model = arm.name, step_models[arm.name]
+        optimizer, _ = run.optimizers[name]
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
+            group["lr"] = lr_at(step, cfg) * arm.peak_lr(cfg) / cfg.lr  # the recipe's schedule, scaled to the arm's peak
         with autocast:
             loss = lm_loss(model, inputs, targets)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(run.models[kind].parameters(), cfg.grad_clip)
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(run.models[name].parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        run.state["loss"][kind].append(round(loss.item(), 5))
+        run.state["loss"][name].append(round(loss.item(), 5))
     run.state["step"] = step + 1
 
 
 def evaluate_step(run: Run) -> None:
-    """Held-out loss of both models, and their outliers on the same held-out sequences."""
+    """Held-out loss of every arm, and their outliers on the same held-out sequences."""
     cfg, step = run.recipe.train, run.state["step"]
-    for kind, model in run.models.items():
+    for name, model in run.models.items():
         model.eval()
-        run.state["held_out"][kind].append([step, held_out_loss(model, run.eval_windows)])
+        run.state["held_out"][name].append([step, held_out_loss(model, run.eval_windows)])
         if run.outlier_batches:
-            run.state["outliers"][kind].append(emergence.measure(model, run.outlier_batches, step, step * cfg.batch_size * cfg.seq_len))
+            run.state["outliers"][name].append(emergence.measure(model, run.outlier_batches, step, step * cfg.batch_size * cfg.seq_len))
         model.train()
 
 
 def train_pair(recipe: Recipe, out: str | Path, *, force: bool = False, stop_after: int | None = None, console=None) -> dict[str, Path] | None:
-    """Train (or resume) the pair into OUT/standard and OUT/diff; returns their paths.
+    """Train (or resume) the recipe's arms into OUT/<arm> (by default OUT/standard and OUT/diff); returns their paths.
 
     `stop_after=k` stops after step k with the checkpoint saved, as an interruption would (returns None).
     """
@@ -397,48 +422,68 @@ def train_pair(recipe: Recipe, out: str | Path, *, force: bool = False, stop_aft
     return paths
 
 
-def finish(run: Run, console) -> dict[str, Path]:
-    """Final held-out evaluation, then each model saved as a complete HF directory with its log."""
-    recipe, data, state = run.recipe, run.data, run.state
-    cfg, tasks = recipe.train, recipe.tasks
+def final_checks(run: Run) -> Callable[[PreTrainedModel], dict]:
+    """What each trained model is checked on besides held-out loss: greedy needle retrieval (text corpora) or the
+    bb task (bigram-backcopy: backcopy accuracy and bigram KL on held-out sequences)."""
+    recipe, data, cfg, tasks = run.recipe, run.data, run.recipe.train, run.recipe.tasks
+    if data.generator is not None:
+        task = BBTask(sequences=max(1, tasks.lm_tokens // cfg.seq_len), context=cfg.seq_len)
+        prepared = task.prepare(data.tokenizer)
+        return lambda model: {"bb": task.evaluate(model, prepared)}
     held_out_text = split_text(recipe, corpus.HELD_OUT_SPLIT)
-    windows = held_out_windows(data, cfg.seq_len, tasks.lm_tokens)
-    baseline = unigram_entropy(torch.tensor([t for w in windows for t in w[1:]]))
     examples = {
         n: retrieval_examples(held_out_text, data.tokenizer, cfg.seq_len - (data.bos_id is not None), n, tasks.retrieval_examples, cfg.seed)
         for n in tasks.retrieval_needles
     }
+    return lambda model: {
+        "retrieval_exact_match": {str(n): retrieval_exact_match(model, data.tokenizer, ex, data.bos_id) for n, ex in examples.items()},
+        "retrieval_examples": tasks.retrieval_examples,  # by needles per document, context = seq_len
+    }
+
+
+def _check_line(checks: dict) -> str:
+    if "bb" in checks:
+        return f"backcopy accuracy {checks['bb']['accuracy']:.1%}, bigram KL {checks['bb']['bigram_kl']:.3f} nats"
+    return "retrieval exact match " + ", ".join(f"{n} needles {acc:.0%}" for n, acc in checks["retrieval_exact_match"].items())
+
+
+def finish(run: Run, console) -> dict[str, Path]:
+    """Final held-out evaluation, then each arm's model saved as a complete HF directory with its log."""
+    recipe, data, state = run.recipe, run.data, run.state
+    cfg, tasks = recipe.train, recipe.tasks
+    windows = held_out_windows(data, cfg.seq_len, tasks.lm_tokens)
+    baseline = unigram_entropy(torch.tensor([t for w in windows for t in w[1:]]))
+    checks = final_checks(run)
     paths = {}
-    for kind, model in run.models.items():
+    for arm in recipe.arms:
+        name, model = arm.name, run.models[arm.name]
         model.eval()
         loss = held_out_loss(model, windows)
-        retrieval = {str(n): retrieval_exact_match(model, data.tokenizer, ex, data.bos_id) for n, ex in examples.items()}
         log = {
-            "kind": kind,
+            "kind": arm.kind,
+            "arm": dataclasses.asdict(arm) | {"lr": arm.peak_lr(cfg), "weight_decay": arm.decay(cfg)},
             "recipe": recipe.name,
             "corpora": list(recipe.data.corpus_names),
             "steps": cfg.steps,
             "tokens": cfg.tokens,
             "parameters": parameter_count(model),
             "lambda_parameters": lambda_parameter_count(model),
-            "wall_time_s": round(state["elapsed_s"], 1),
-            "train_loss_curve": state["loss"][kind],  # one value per step
-            "final_train_loss": sum(state["loss"][kind][-50:]) / len(state["loss"][kind][-50:]),
-            "held_out_curve": state["held_out"][kind],  # [step, loss]
+            "wall_time_s": round(state["elapsed_s"], 1),  # all arms together
+            "train_loss_curve": state["loss"][name],  # one value per step
+            "final_train_loss": sum(state["loss"][name][-50:]) / len(state["loss"][name][-50:]),
+            "held_out_curve": state["held_out"][name],  # [step, loss]
             "held_out_loss": loss,
             "held_out_tokens": sum(len(w) - 1 for w in windows),
             "unigram_entropy": baseline,
-            "retrieval_exact_match": retrieval,  # by needles per document, context = seq_len
-            "retrieval_examples": tasks.retrieval_examples,
-            "outliers": state["outliers"][kind],  # emergence series: one entry per eval step
+            **checks(model),
+            "outliers": state["outliers"][name],  # emergence series: one entry per eval step
         }
         console.print(
-            f"{kind:8s} held-out loss {loss:.3f} nats (unigram baseline {baseline:.3f}); "
-            f"train loss {log['final_train_loss']:.3f}; retrieval exact match "
-            + ", ".join(f"{n} needles {acc:.0%}" for n, acc in retrieval.items())
+            f"{name:12s} held-out loss {loss:.3f} nats (unigram baseline {baseline:.3f}); "
+            f"train loss {log['final_train_loss']:.3f}; {_check_line(log)}"
         )
-        paths[kind] = run.out / kind
-        with atomic_dir(paths[kind], force=True, kind="model") as tmp:
+        paths[name] = run.out / name
+        with atomic_dir(paths[name], force=True, kind="model") as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             save_tokenizer(data.tokenizer, tmp)
             (tmp / "recipe.toml").write_text(recipe.source)

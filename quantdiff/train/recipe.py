@@ -1,4 +1,9 @@
-"""Recipes: one TOML file says how a matched pair is trained and analysed.
+"""Recipes: one TOML file says how a matched set of models (the arms) is trained and analysed.
+
+`[[arms]]` tables list the models trained side by side on identical batches: each names its directory
+(`name`), its architecture (`kind`: standard, diff, diffv2) and its optimizer (`adamw`, the default, or `sgd`
+with `momentum`: the sink papers' negative control), with an optional `lr` and `weight_decay` of its own (the
+schedule's shape stays the recipe's). Without `[[arms]]` a recipe trains the standard/Diff pair.
 
 Each section becomes one frozen dataclass; an unknown key is a ConfigError naming it, so a typo can never
 silently fall back to a default. `load_recipe("tiny")` finds a recipe by name in the repository's
@@ -9,6 +14,7 @@ shipped pair (`quantdiff/assets/<name>/standard/recipe.toml`): the recipe that t
 from __future__ import annotations
 
 import math
+import re
 import sys
 from bisect import bisect_left
 from dataclasses import dataclass, field, fields
@@ -26,18 +32,22 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.data.needles import VALUE_LENGTH, min_document_tokens
 from quantdiff.data.corpus import CORPORA
 from quantdiff.models.names import ASSETS
-from quantdiff.models.pairs import SizePreset, check_seed, preset_from_dict
+from quantdiff.data import bigram_backcopy
+from quantdiff.models.pairs import ALL_KINDS, KINDS, SizePreset, check_seed, preset_from_dict
 from quantdiff.quant.numerics import check_bits
 from quantdiff.quant.registry import method_name, site_name
 
+SOURCES = (*CORPORA, bigram_backcopy.NAME)  # the Debian text corpora and the synthetic task
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 DTYPES = ("float32", "bf16")
 MODEL_KEYS = ("hidden_size", "num_layers", "num_heads", "vocab_size", "max_position_embeddings")  # no defaults
+OPTIMIZERS = ("adamw", "sgd")
+ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")  # a directory name, the same on every filesystem
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    corpus: str = "janeaustenr"  # see quantdiff/data/corpus.py
+    corpus: str = "janeaustenr"  # see quantdiff/data/corpus.py; or "bigram-backcopy" (quantdiff/data/bigram_backcopy.py)
     # Several corpora mixed (each split by document, concatenated in this order); empty = [corpus].
     corpora: list[str] = field(default_factory=list)
     held_out_fraction: float = 0.1  # share of chapters (chosen by hash) never trained on
@@ -69,7 +79,7 @@ class TrainConfig:
     # A BOS token opens every corpus window and needle document: a fixed first token that attention can
     # learn to park on (an attention sink). False = windows start mid-text, as the shipped pair was trained.
     bos: bool = False
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # max gradient norm; 0 = no clipping (as Guo et al. train Bigram-Backcopy)
     seed: int = 0  # initialisation, batch order and needle documents: same for both kinds
     dtype: str = "float32"  # "bf16" = bfloat16 autocast, CUDA only (weights and optimizer stay float32)
     device: str = "auto"  # "auto" = CUDA when present
@@ -94,6 +104,7 @@ class TasksConfig:
     retrieval_contexts: list[int] = field(default_factory=lambda: [256])
     retrieval_needles: list[int] = field(default_factory=lambda: [1, 2, 4])
     retrieval_examples: int = 50  # per (context, needles) setting
+    bb_sequences: int = 64  # held-out bigram-backcopy sequences of the bb task (bigram-backcopy recipes)
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,27 @@ class AnalysisConfig:
 
 
 @dataclass(frozen=True)
+class ArmConfig:
+    """One trained model: its directory name, architecture and optimizer (None = the [train] value)."""
+
+    name: str
+    kind: str = "standard"
+    optimizer: str = "adamw"
+    lr: float | None = None  # peak; the [train] schedule scaled to it (min_lr in the same proportion)
+    weight_decay: float | None = None
+    momentum: float = 0.9  # SGD only
+
+    def peak_lr(self, train: TrainConfig) -> float:
+        return train.lr if self.lr is None else self.lr
+
+    def decay(self, train: TrainConfig) -> float:
+        return train.weight_decay if self.weight_decay is None else self.weight_decay
+
+
+DEFAULT_ARMS = tuple(ArmConfig(kind, kind) for kind in KINDS)
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str
     source: str  # the TOML text itself, saved beside the trained models
@@ -114,6 +146,16 @@ class Recipe:
     train: TrainConfig
     tasks: TasksConfig
     analysis: AnalysisConfig
+    arms: tuple[ArmConfig, ...] = DEFAULT_ARMS
+
+    @property
+    def arm_names(self) -> tuple[str, ...]:
+        return tuple(arm.name for arm in self.arms)
+
+    @property
+    def synthetic(self) -> bool:
+        """True when the data is the bigram-backcopy generator rather than text corpora."""
+        return self.data.corpus_names == (bigram_backcopy.NAME,)
 
 
 SECTIONS = {"data": DataConfig, "train": TrainConfig, "tasks": TasksConfig, "analysis": AnalysisConfig}
@@ -145,9 +187,9 @@ def parse_recipe(source: str, name: str) -> Recipe:
         doc = tomllib.loads(source)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"recipe {name}: invalid TOML: {exc}") from None
-    unknown = sorted(set(doc) - set(SECTIONS) - {"model"})
+    unknown = sorted(set(doc) - set(SECTIONS) - {"model", "arms"})
     if unknown:
-        raise ConfigError(f"unknown section [{unknown[0]}] in recipe {name} (known: data, model, train, tasks, analysis)")
+        raise ConfigError(f"unknown section [{unknown[0]}] in recipe {name} (known: data, model, train, tasks, analysis, arms)")
     model_table = doc.get("model", {})
     if not isinstance(model_table, dict):
         raise ConfigError(f"recipe {name}: [model] must be a table")
@@ -163,16 +205,53 @@ def parse_recipe(source: str, name: str) -> Recipe:
     # Training holds weights, gradients and AdamW's two moments of both models.
     model.check_memory(4, f"[model] training a pair of {model.parameter_estimate():,}-parameter models")
     sections = {key: _section(cls, key, doc.get(key, {})) for key, cls in SECTIONS.items()}
-    recipe = Recipe(name=name, source=source, model=model, **sections)
+    arms = _arms(doc["arms"]) if "arms" in doc else DEFAULT_ARMS
+    recipe = Recipe(name=name, source=source, model=model, arms=arms, **sections)
     _check(recipe)
     _check_emergence_options(recipe)
     return recipe
 
 
+def _arms(tables: Any) -> tuple[ArmConfig, ...]:
+    """[[arms]] tables → ArmConfigs; ConfigError names the first bad key or value."""
+    if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError("[[arms]] must be one or more tables, each with a name")
+    known = {f.name: f for f in fields(ArmConfig)}
+    arms = []
+    for table in tables:
+        unknown = sorted(set(table) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown key {unknown[0]!r} in [[arms]] (known: {', '.join(known)})")
+        name = table.get("name")
+        if not isinstance(name, str) or not ARM_NAME.match(name):
+            raise ConfigError(f"[[arms]] name must be lower-case letters, digits, - or _, got {name!r}")
+        for key in ("kind", "optimizer"):
+            if not isinstance(table.get(key, ""), str):
+                raise ConfigError(f"[[arms]] {name}: {key} must be a string")
+        for key in ("lr", "weight_decay", "momentum"):
+            value = table.get(key, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"[[arms]] {name}: {key} must be a finite number >= 0, got {value!r}")
+        arm = ArmConfig(**table)
+        if arm.kind not in ALL_KINDS:
+            raise ConfigError(f"[[arms]] {name}: unknown kind {arm.kind!r} (known: {', '.join(ALL_KINDS)})")
+        if arm.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"[[arms]] {name}: unknown optimizer {arm.optimizer!r} (known: {', '.join(OPTIMIZERS)})")
+        if arm.lr == 0:
+            raise ConfigError(f"[[arms]] {name}: lr must be positive")
+        arms.append(arm)
+    names = [arm.name for arm in arms]
+    if len(set(names)) != len(names):
+        raise ConfigError("[[arms]] lists a name twice")
+    return tuple(arms)
+
+
 def _check(recipe: Recipe) -> None:
     data, train = recipe.data, recipe.train
-    if data.corpus not in CORPORA:
-        raise ConfigError(f"unknown corpus {data.corpus!r} (known: {', '.join(CORPORA)})")
+    if bigram_backcopy.NAME in data.corpus_names and len(data.corpus_names) > 1:
+        raise ConfigError(f"[data] {bigram_backcopy.NAME} cannot be mixed with text corpora")
+    if data.corpus not in SOURCES:
+        raise ConfigError(f"unknown corpus {data.corpus!r} (known: {', '.join(SOURCES)})")
     if data.copy_warmup_steps < 0:
         raise ConfigError("[data] copy_warmup_steps must be at least 0")
     if data.retrieval_value_words_start < 1 or data.retrieval_max_needles < 1:
@@ -186,7 +265,9 @@ def _check(recipe: Recipe) -> None:
         raise ConfigError("[train] steps, batch_size, seq_len and the *_every intervals must be positive")
     if train.seq_len > recipe.model.max_position_embeddings:
         raise ConfigError(f"[train] seq_len={train.seq_len} exceeds max_position_embeddings={recipe.model.max_position_embeddings}")
-    if recipe.model.vocab_size < 259:
+    if recipe.synthetic:
+        _check_synthetic(recipe)
+    elif recipe.model.vocab_size < 259:
         raise ConfigError("vocab_size must be at least 259 (256 bytes + 3 special tokens)")
     if not math.isfinite(train.lr) or train.lr <= 0:
         raise ConfigError(f"[train] lr must be a positive finite number, got {train.lr}")
@@ -196,15 +277,16 @@ def _check(recipe: Recipe) -> None:
         raise ConfigError("[train] warmup_steps must be at least 0 and eval_batches at least 1")
     for key in ("weight_decay", "grad_clip"):
         value = getattr(train, key)
-        if not math.isfinite(value) or value < 0 or (key == "grad_clip" and value == 0):
-            raise ConfigError(f"[train] {key} must be a finite number {'> 0' if key == 'grad_clip' else '>= 0'}, got {value}")
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"[train] {key} must be a finite number >= 0, got {value}")
     if train.device not in ("auto", ""):
         try:
             torch.device(train.device)  # the name only: whether this machine has that device is checked at training
         except (RuntimeError, ValueError):
             raise ConfigError(f"[train] device must be auto, cpu, cuda or cuda:N, got {train.device!r}") from None
     _check_sizes(recipe)
-    check_needles_fit(recipe)
+    if not recipe.synthetic:
+        check_needles_fit(recipe)
     analysis = recipe.analysis
     try:  # the names and bit widths `quantdiff sweep` takes, checked by the same registry
         for method in analysis.methods:
@@ -220,7 +302,7 @@ def _check(recipe: Recipe) -> None:
 def _check_sizes(recipe: Recipe) -> None:
     tasks, analysis = recipe.tasks, recipe.analysis
     sizes = {"[tasks] lm_tokens": tasks.lm_tokens, "[tasks] choice_items": tasks.choice_items,
-             "[tasks] retrieval_examples": tasks.retrieval_examples, "[analysis] stats_tokens": analysis.stats_tokens,
+             "[tasks] retrieval_examples": tasks.retrieval_examples, "[tasks] bb_sequences": tasks.bb_sequences, "[analysis] stats_tokens": analysis.stats_tokens,
              "[analysis] seq_len": analysis.seq_len}
     for name, value in sizes.items():
         if value <= 0:
@@ -290,11 +372,23 @@ def check_needles_fit(recipe: Recipe, need: Callable[[int, int, int], int] = min
             raise ConfigError(f"{what} = {length} tokens cannot hold {needles} needle(s) of {words}-word values (at least {needed} {unit})")
 
 
+def _check_synthetic(recipe: Recipe) -> None:
+    """bigram-backcopy is a whole data set with its own character vocabulary: no text, needles or BPE."""
+    vocab = bigram_backcopy.load().vocab_size
+    if recipe.model.vocab_size != vocab:
+        raise ConfigError(f"[model] vocab_size must be {vocab} for {bigram_backcopy.NAME} (its characters, BOS and padding)")
+    if recipe.data.retrieval_fraction or recipe.data.copy_warmup_steps:
+        raise ConfigError(f"[data] {bigram_backcopy.NAME} has no needle or copy rows: set retrieval_fraction = 0")
+    if not recipe.train.bos:
+        raise ConfigError(f"[train] bos must be true for {bigram_backcopy.NAME}: every sequence starts with BOS")
+
+
 def _check_emergence_options(recipe: Recipe) -> None:
     data, train = recipe.data, recipe.train
-    unknown = [name for name in data.corpora if name not in CORPORA]
+    unknown = [name for name in data.corpora if name not in SOURCES]
     if unknown:
-        raise ConfigError(f"[data] corpora: unknown corpus {unknown[0]!r} (known: {', '.join(CORPORA)})")
+        raise ConfigError(f"[data] corpora: unknown corpus {unknown[0]!r} (known: {', '.join(SOURCES)})")
+
     if len(set(data.corpora)) != len(data.corpora):
         raise ConfigError("[data] corpora lists a corpus twice")
     if not (0 <= train.adam_beta1 < 1 and 0 <= train.adam_beta2 < 1):

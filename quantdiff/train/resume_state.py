@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from quantdiff.core.errors import ConfigError, LoadError
-from quantdiff.models.pairs import KINDS
 from quantdiff.train.recipe import Recipe
 
 FIELDS = ("recipe", "step", "elapsed_s", "loss", "held_out")
@@ -33,10 +32,10 @@ def _nan_for_null(values: list) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]
 
 
-def _per_kind(state: dict, name: str) -> dict[str, list]:
+def _per_arm(state: dict, name: str, arms: tuple[str, ...]) -> dict[str, list]:
     value = state[name]
-    if not isinstance(value, dict) or sorted(value) != sorted(KINDS) or not all(isinstance(v, list) for v in value.values()):
-        raise ValueError(f"{name} must map {' and '.join(KINDS)} to lists")
+    if not isinstance(value, dict) or sorted(value) != sorted(arms) or not all(isinstance(v, list) for v in value.values()):
+        raise ValueError(f"{name} must map {', '.join(arms)} to lists")
     return value
 
 
@@ -55,17 +54,17 @@ def _check_fields(state: Any, recipe: Recipe) -> dict:
     elapsed = state["elapsed_s"]
     if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool) or not math.isfinite(elapsed) or elapsed < 0:
         raise ValueError(f"elapsed_s {elapsed!r} is not a non-negative number of seconds")
-    losses = _per_kind(state, "loss")
+    losses = _per_arm(state, "loss", recipe.arm_names)
     for kind, curve in losses.items():
         if len(curve) != step or not all(_is_loss(v) for v in curve):
             raise ValueError(f"loss of {kind} must hold one number per step ({step})")
     evals = list(range(cfg.eval_every, step + 1, cfg.eval_every))
-    held_out = _per_kind(state, "held_out")
+    held_out = _per_arm(state, "held_out", recipe.arm_names)
     for kind, curve in held_out.items():
         pairs_ok = all(isinstance(p, list) and len(p) == 2 and _is_loss(p[1]) for p in curve)
         if not pairs_ok or [p[0] for p in curve] != evals:
             raise ValueError(f"held_out of {kind} must hold [step, loss] at steps {evals[:3]}{'…' if len(evals) > 3 else ''}")
-    outliers = _per_kind(state, "outliers") if "outliers" in state else {kind: [] for kind in KINDS}
+    outliers = _per_arm(state, "outliers", recipe.arm_names) if "outliers" in state else {arm: [] for arm in recipe.arm_names}
     for kind, entries in outliers.items():
         expected = evals if cfg.outlier_sequences and "outliers" in state else []
         if not all(isinstance(e, dict) for e in entries) or [e.get("step") for e in entries] != expected:

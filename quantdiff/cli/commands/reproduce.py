@@ -9,16 +9,16 @@ import typer
 
 
 def reproduce(
-    target: Annotated[str, typer.Argument(help="'tiny' (the shipped pair), or a recipe name/path (its pair is trained into runs/ if missing).")] = "tiny",
+    target: Annotated[str, typer.Argument(help="'tiny' or 'bb' (shipped models), or a recipe name/path (its arms are trained into runs/ if missing).")] = "tiny",
     out: Annotated[Path, typer.Option("--out", help="Report directory (report.md, JSON, PNG plots).")] = Path("report"),
-    tasks: Annotated[str, typer.Option("--tasks", help="Comma-separated tasks to sweep: lm, choice, retrieval (the linear site is swept on lm only).")] = "lm,choice,retrieval",
+    tasks: Annotated[Optional[str], typer.Option("--tasks", help="Comma-separated tasks to sweep: lm, choice, retrieval, bb (the linear site is swept on lm and bb only); default lm,choice,retrieval, or bb for bigram-backcopy models.")] = None,
     stats_tokens: Annotated[Optional[int], typer.Option("--stats-tokens", help="Held-out tokens per model for the statistics (default: the recipe's).")] = None,
     items: Annotated[Optional[int], typer.Option("--items", help="Cap on items per task (quick runs); default: the recipe's sizes.")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, … (default: CUDA if available).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it holds an earlier report (never anything else).")] = False,
     real_model: Annotated[str, typer.Option("--real-model", help="A real pretrained model measured too (built-in name or model directory): statistics, lm sweep at linear and qk, weight-only formats. 'none' skips it.")] = "smollm2",
 ) -> None:
-    """Reproduce the paper's Table 5 and Figure 8 analyses on a matched standard/Diff pair, beside the paper's numbers."""
+    """Reproduce the paper's Table 5 and Figure 8 analyses on matched models (a standard/Diff pair or a recipe's arms), beside the paper's numbers."""
     from rich.console import Console
 
     from quantdiff.cli.validate import check_list, check_positive
@@ -26,10 +26,11 @@ def reproduce(
     from quantdiff.jobs.reproduce import ReproduceOptions, reproduce as run
 
     check_positive(stats_tokens=stats_tokens, items=items)
-    check_list(tasks, "--tasks")
+    if tasks is not None:
+        check_list(tasks, "--tasks")
     if device is not None:
         resolve_device(device, "--device")
     console = Console(stderr=True, highlight=False)
-    names = tuple(t.strip() for t in tasks.split(",") if t.strip())
+    names = None if tasks is None else tuple(t.strip() for t in tasks.split(",") if t.strip())
     report = run(ReproduceOptions(target, out, stats_tokens, items, names, device, force, None if real_model == "none" else real_model), console)
     Console(highlight=False).print(f"report -> {report}")

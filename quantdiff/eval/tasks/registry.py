@@ -12,6 +12,7 @@ from typing import Any, Protocol, Sized
 from torch import nn
 
 from quantdiff.core.errors import ConfigError
+from quantdiff.eval.tasks.bb import BBTask
 from quantdiff.eval.tasks.choice import ChoiceTask
 from quantdiff.eval.tasks.lm import LMTask
 from quantdiff.eval.tasks.retrieval import RetrievalTask
@@ -30,7 +31,7 @@ class Task(Protocol):
         """Metrics by name; calls `progress(n)` as units finish."""
 
 
-TASKS: dict[str, type] = {"lm": LMTask, "choice": ChoiceTask, "retrieval": RetrievalTask}
+TASKS: dict[str, type] = {"lm": LMTask, "choice": ChoiceTask, "retrieval": RetrievalTask, "bb": BBTask}
 
 
 def make_task(name: str, **options: Any) -> Task:

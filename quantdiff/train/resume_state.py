@@ -35,7 +35,8 @@ def _nan_for_null(values: list) -> list[float]:
 def _per_arm(state: dict, name: str, arms: tuple[str, ...]) -> dict[str, list]:
     value = state[name]
     if not isinstance(value, dict) or sorted(value) != sorted(arms) or not all(isinstance(v, list) for v in value.values()):
-        raise ValueError(f"{name} must map {', '.join(arms)} to lists")
+        named = f"{', '.join(arms[:-1])} and {arms[-1]}" if len(arms) > 1 else arms[0]
+        raise ValueError(f"{name} must map {named} to lists")
     return value
 
 

@@ -252,3 +252,19 @@ def test_the_first_position_peak_equals_an_independent_capture(kind, generator):
     stats = collect_stats(model, make_batches(sequences, 2, generator.pad_id)).summary()["hidden_states"]
     assert stats["first_position"]["per_layer_max"] == pytest.approx(per_layer, rel=1e-5)
     assert stats["first_position"]["max"] == pytest.approx(max(per_layer), rel=1e-5) and max(per_layer) > 10
+
+
+def test_a_resumed_state_is_checked_against_every_arm(tmp_path):
+    """state.json of a four-arm run holds one curve per arm: a pair-shaped state (standard, diff) is refused."""
+    from quantdiff.core.errors import LoadError
+    from quantdiff.train.loop import new_state
+    from quantdiff.train.recipe import parse_recipe
+    from quantdiff.train.resume_state import checked_state
+
+    recipe = parse_recipe(MICRO, "micro")
+    assert len(recipe.arm_names) == 4
+    fresh = new_state(recipe)
+    assert checked_state(fresh, recipe, tmp_path)["loss"] == {name: [] for name in recipe.arm_names}
+    pair_shaped = {**fresh, "loss": {"standard": [], "diff": []}}
+    with pytest.raises(LoadError, match="loss must map standard, diff, diffv2 and standard-sgd to lists"):
+        checked_state(pair_shaped, recipe, tmp_path)

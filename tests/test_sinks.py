@@ -93,3 +93,20 @@ def test_stats_entry_carries_the_sink_block_and_its_line(tiny_pair):
     assert len(sinks["per_head"]) == model.config.num_hidden_layers and sinks["epsilon"] == 0.3
     line = sink_line("std", sinks)
     assert line.startswith("std: attention sinks:") and f"of {sinks['heads_scored']} heads" in line
+
+
+@pytest.mark.parametrize("tile", [5, None], ids=["tiled", "one-tile"])
+def test_rows_that_cannot_see_position_zero_put_no_mass_there(tile):
+    """A sliding window hides key 0 from later rows: their mass on it is 0, as in eager attention (the logit at
+    key 0 was once read whether or not the row could see it, giving such rows a mass that does not exist)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           vocab_size=61, max_position_embeddings=64, sliding_window=8, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = MistralForCausalLM(config).eval()
+    _sharpen(model)
+    batches = _batches(config.vocab_size)
+    reference = _eager_first_position_mass(model, batches)
+    got = collect_stats(prepare(model, tile), batches, k=5).sinks.per_head()
+    assert torch.allclose(got, reference, atol=2e-6), f"max diff {(got - reference).abs().max():.3g}"

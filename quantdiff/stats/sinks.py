@@ -1,7 +1,8 @@
 """Attention sinks: how much attention each head puts on the first position, measured tile by tile.
 
 For every query row the observer keeps the running max and sum of exp(logit − max) over the valid keys
-(the online-softmax state, so the T×T map is never built) and the logit at key position 0; once all
+(the online-softmax state, so the T×T map is never built) and the logit at key position 0 (−∞ for a row
+that cannot see it: a sliding window, padding); once all
 tiles of a layer are seen, the attention mass on position 0 is exp(l0 − m) / s. Per (layer, head) it
 accumulates the sum of that mass over valid query rows (padding excluded), in fixed point (units of 2⁻³²,
 int64), and their count: integer sums merge exactly in any order, across batches and processes.
@@ -63,7 +64,8 @@ class SinkStats:
             self._rows[ctx.layer_idx] = (
                 torch.full(full, -math.inf, device=logits.device),
                 torch.zeros(full, device=logits.device),
-                logits[..., 0].float().clone(),
+                # a row that cannot see key 0 (a sliding window, left padding) puts no mass there
+                logits[..., 0].float().masked_fill(~ctx.valid[..., 0], -math.inf),
             )
         m, s, _ = self._rows[ctx.layer_idx]
         masked = logits.float().masked_fill(~ctx.valid, -math.inf)  # the one tile-sized copy: reused in place below

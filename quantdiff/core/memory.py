@@ -18,6 +18,14 @@ def device_memory(device: torch.device | str = "cpu") -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def available_memory() -> int:
+    """Bytes of RAM this machine can still give now (what loading a checkpoint may take; psutil comes with
+    accelerate), where `device_memory` is the total that bounds sizes asked for."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
 def readable_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if n < 1024 or unit == "PiB":

@@ -21,6 +21,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 import quantdiff.attention.backend as attention
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
+from quantdiff.core.memory import available_memory
 from quantdiff.models.config_check import check_heads, check_raw_sizes
 from quantdiff.models.stored import check_float_dtypes, read_config_json, stored_bytes, stored_tensors
 
@@ -161,13 +162,6 @@ def check_before_allocating(path: Path, config, dtype: torch.dtype | None, budge
     size = expected * dtype.itemsize if dtype is not None else stored_bytes(tensors)
     if budget is not None and size > budget:
         raise LoadError(f"{path} needs {size / 1e9:.1f} GB of memory, {budget / 1e9:.1f} GB are available")
-
-
-def available_memory() -> int:
-    """Bytes of memory this machine can still give (psutil comes with accelerate)."""
-    import psutil
-
-    return int(psutil.virtual_memory().available)
 
 
 @contextmanager

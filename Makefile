@@ -10,4 +10,4 @@ reproduce: setup
 	.venv/bin/quantdiff reproduce bb --out report --items 100 --force
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --basetemp=/tmp/quantdiff-tests-$$(id -u)

@@ -10,6 +10,8 @@ import torch
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# rich's width off a terminal, whatever the developer's shell exports: every machine sees the same wrapping.
+os.environ["COLUMNS"] = "80"
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 

@@ -107,7 +107,8 @@ def run_real_model(target: str, out: Path, device: str | None, console, plan: Re
         tokenizer = load_tokenizer(path)
         model = load(path, device=device)
     except QuantdiffError as exc:
-        console.print(f"[yellow]real model {target!r} not measured: {exc}[/yellow]")
+        # One line whatever the width; markup off so that brackets in a path or message are printed as they are.
+        console.print(f"real model {target!r} not measured: {exc}", style="yellow", markup=False, soft_wrap=True)
         return skipped_markdown(target, str(exc))
     console.print(f"real model: {target} ({path})")
     with task_bars(False, transient=True) as progress:

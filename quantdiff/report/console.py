@@ -18,7 +18,13 @@ def table_console(*renderables, stderr: bool = False, **kwargs) -> Console:
     return Console(stderr=stderr, width=width, **kwargs)
 
 
+def line_console(stderr: bool = False) -> Console:
+    """A Console for status lines: soft wrap, so that a line is never broken where a pipe or a narrow terminal
+    would make rich wrap it (80 columns off a terminal), and no highlighting of numbers and paths."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
 def warn(text: str) -> None:
     """One `warning:` line on stderr: printed even under --quiet, which silences progress and tables, never
     what makes a number untrustworthy."""
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"warning: {text}", style="yellow", markup=False)
+    line_console(stderr=True).print(f"warning: {text}", style="yellow", markup=False)

@@ -394,9 +394,9 @@ def train_pair(recipe: Recipe, out: str | Path, *, force: bool = False, stop_aft
 
     `stop_after=k` stops after step k with the checkpoint saved, as an interruption would (returns None).
     """
-    from rich.console import Console
+    from quantdiff.report.console import line_console
 
-    console = console or Console(stderr=True)
+    console = console or line_console(stderr=True)
     out, cfg = Path(out), recipe.train
     checkpoint = Checkpoint(out)
     run = start_run(recipe, out, checkpoint, force, console)

@@ -21,7 +21,7 @@ def pair(
     diffv2: Annotated[bool, typer.Option("--diffv2", help="Also write OUT/diffv2: DIFF Transformer V2 of the same sizes (2·heads query heads).")] = False,
 ) -> None:
     """Build an UNTRAINED matched pair (same config; parameter counts differ only by the λ vectors)."""
-    from rich.console import Console
+    from quantdiff.report.console import line_console
 
     from quantdiff.cli.validate import check_positive
     from quantdiff.core.errors import ConfigError
@@ -36,7 +36,7 @@ def pair(
     preset = SizePreset(hidden_size, layers, heads, kv_heads or None, None, vocab_size, context)
     models = build_pair(preset, seed=seed, kinds=ALL_KINDS if diffv2 else KINDS)
     save_pair(models, out, force=force)
-    console = Console()
+    console = line_console()
     for kind, model in models.items():
         console.print(f"{kind}: {parameter_count(model):,} parameters ({lambda_parameter_count(model):,} λ) -> {out / kind}")
     console.print("[yellow]untrained: random weights, for trying the tools, not for conclusions[/yellow]")

@@ -29,7 +29,7 @@ def quantize(
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code and keep it (*.py, auto_map) in the export, which records this; off by default: the export carries no code.")] = False,
 ) -> None:
     """Quantize the linear weights inside the decoder layers and write a complete model directory."""
-    from rich.console import Console
+    from quantdiff.report.console import line_console
 
     from quantdiff.cli.task_options import check_limit, make_cli_task
     from quantdiff.cli.validate import check_positive, refuse_unused
@@ -70,7 +70,7 @@ def quantize(
     summary = export_quantized(
         sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial, trust_remote_code=trust_remote_code
     )
-    console = Console(highlight=False)
+    console = line_console()
     d = summary.description
     console.print(f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}")
     if d.get("source") is not None:

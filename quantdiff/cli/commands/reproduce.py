@@ -19,7 +19,7 @@ def reproduce(
     real_model: Annotated[str, typer.Option("--real-model", help="A real pretrained model measured too (built-in name or model directory): statistics, lm sweep at linear and qk, weight-only formats. 'none' skips it.")] = "smollm2",
 ) -> None:
     """Reproduce the paper's Table 5 and Figure 8 analyses on matched models (a standard/Diff pair or a recipe's arms), beside the paper's numbers."""
-    from rich.console import Console
+    from quantdiff.report.console import line_console
 
     from quantdiff.cli.validate import check_list, check_positive
     from quantdiff.core.device import resolve_device
@@ -30,7 +30,7 @@ def reproduce(
         check_list(tasks, "--tasks")
     if device is not None:
         resolve_device(device, "--device")
-    console = Console(stderr=True, highlight=False)
+    console = line_console(stderr=True)
     names = None if tasks is None else tuple(t.strip() for t in tasks.split(",") if t.strip())
     report = run(ReproduceOptions(target, out, stats_tokens, items, names, device, force, None if real_model == "none" else real_model), console)
-    Console(highlight=False).print(f"report -> {report}")
+    line_console().print(f"report -> {report}")

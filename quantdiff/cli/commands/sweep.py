@@ -49,7 +49,7 @@ def sweep(
     trust_remote_code: RemoteOpt = False,
 ) -> None:
     """Accuracy under quantization: the unquantized reference plus every (method, bits, site) cell, per model."""
-    from rich.console import Console
+    from quantdiff.report.console import line_console
 
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
     from quantdiff.cli.validate import check_group_option, check_list
@@ -72,7 +72,7 @@ def sweep(
     for path, suffixes in ((json_path, None), (plot, (".png", ".pdf", ".svg"))):
         check_output(path, suffixes)
     check_outputs({"--json": json_path, "--plot": plot}, [path for _, path in specs] + ([data] if data else []))
-    notes = Console(stderr=True, highlight=False, soft_wrap=True)
+    notes = line_console(stderr=True)
     for line in plan.skipped:
         notes.print(f"[yellow]skipped {line}[/yellow]")
     cells = run_models(specs, the_task, plan.configs, limit, target, quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)

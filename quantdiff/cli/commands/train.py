@@ -16,7 +16,7 @@ def train(
 ) -> None:
     """Train every arm (by default standard and Diff) on the same batches in the same order; an interrupted run resumes from its last checkpoint."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # busy-waiting OpenMP threads stall CPU steps for seconds
-    from rich.console import Console
+    from quantdiff.report.console import line_console
 
     from quantdiff.core.errors import ConfigError
     from quantdiff.core.savedir import check_target
@@ -30,4 +30,4 @@ def train(
     for name in parsed.arm_names:  # the models are written at the end: refuse what they may not replace before training
         check_target(out / name, force=True, sources=[p for p in [Path(recipe)] if p.is_file()], flag=f"--out's {name}/", kind="model")
     paths = train_pair(parsed, out, force=force)
-    Console().print("models saved: " + "  ".join(str(p) for p in paths.values()))
+    line_console().print("models saved: " + "  ".join(str(p) for p in paths.values()))

@@ -33,25 +33,17 @@ hidden_size / (num_attention_heads / 2), so h·d = hidden_size as in the baselin
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaConfig
+from transformers import LlamaConfig
 from transformers.cache_utils import Cache
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
-    LlamaDecoderLayer,
-    LlamaForCausalLM,
-    LlamaMLP,
-    LlamaModel,
     LlamaPreTrainedModel,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
     eager_attention_forward,  # the eager reference: what `attn_implementation="eager"` runs
 )
+
+from quantdiff.models.llama_variant import VariantDecoderLayer, VariantForCausalLM, VariantModel, attend, project_qkv, register_kind
 
 MODEL_TYPE = "quantdiff_diffv2"
 
@@ -107,36 +99,17 @@ class DiffV2Attention(nn.Module):
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        input_shape = hidden_states.shape[:-1]
-        hidden_shape = (*input_shape, -1, self.head_dim)
-        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, 2h, T, d)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, h_kv, T, d)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        cos, sin = position_embeddings
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+        query, key, value = project_qkv(self, hidden_states, position_embeddings, past_key_values)  # Q (B, 2h, T, d)
         lam = torch.sigmoid(self.lambda_proj(hidden_states))  # (B, T, h)
-
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        out, weights = attention_interface(
-            self, query, key, value, attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs,
-        )  # fmt: skip
+        out, weights = attend(self, query, key, value, attention_mask, eager_attention_forward, **kwargs)  # (B, T, 2h, d)
         out = out[:, :, 0::2] - lam[..., None].to(out.dtype) * out[:, :, 1::2]  # (B, T, h, d): pairs share a GQA group
-        return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
 
 
-class DiffV2DecoderLayer(LlamaDecoderLayer):
+class DiffV2DecoderLayer(VariantDecoderLayer):
     """LLaMA's pre-norm decoder layer with DIFF V2 attention."""
 
-    def __init__(self, config: DiffV2Config, layer_idx: int) -> None:
-        nn.Module.__init__(self)
-        self.hidden_size = config.hidden_size
-        self.self_attn = DiffV2Attention(config, layer_idx)
-        self.mlp = LlamaMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+    attention_class = DiffV2Attention
 
 
 class DiffV2PreTrainedModel(LlamaPreTrainedModel):
@@ -146,37 +119,21 @@ class DiffV2PreTrainedModel(LlamaPreTrainedModel):
     _can_record_outputs = {"hidden_states": DiffV2DecoderLayer, "attentions": DiffV2Attention}
 
 
-class DiffV2Model(DiffV2PreTrainedModel, LlamaModel):
+class DiffV2Model(DiffV2PreTrainedModel, VariantModel):
     """LLaMA's decoder stack (its forward) over DIFF V2 layers."""
 
-    def __init__(self, config: DiffV2Config) -> None:
-        DiffV2PreTrainedModel.__init__(self, config)
-        self.padding_idx = config.pad_token_id
-        self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList([DiffV2DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = LlamaRotaryEmbedding(config=config)
-        self.gradient_checkpointing = False
-        self.post_init()
+    decoder_layer_class = DiffV2DecoderLayer
 
 
-class DiffV2ForCausalLM(DiffV2PreTrainedModel, LlamaForCausalLM):
+class DiffV2ForCausalLM(DiffV2PreTrainedModel, VariantForCausalLM):
     """LLaMA's causal-LM head (its forward, generation and tied-weight rules) over a DIFF V2 model."""
 
-    def __init__(self, config: DiffV2Config) -> None:
-        DiffV2PreTrainedModel.__init__(self, config)
-        self.model = DiffV2Model(config)
-        self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
+    model_class = DiffV2Model
 
 
 def register() -> None:
     """Make "quantdiff_diffv2" loadable through AutoConfig / AutoModel / AutoModelForCausalLM (idempotent)."""
-    AutoConfig.register(MODEL_TYPE, DiffV2Config, exist_ok=True)
-    AutoModel.register(DiffV2Config, DiffV2Model, exist_ok=True)
-    AutoModelForCausalLM.register(DiffV2Config, DiffV2ForCausalLM, exist_ok=True)
+    register_kind(MODEL_TYPE, DiffV2Config, DiffV2Model, DiffV2ForCausalLM)
 
 
 register()

@@ -9,10 +9,11 @@ microsoft/unilm Diff-Transformer-V2), loops over heads and shares nothing with `
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
+
+import naive_llama
 
 import quantdiff
 import quantdiff.attention.backend as attention
@@ -56,51 +57,19 @@ def _on_backend(model: torch.nn.Module, tile_size: int | None = 4) -> torch.nn.M
 def naive(model: torch.nn.Module, ids: torch.Tensor, pairing: str = "adjacent", gate=torch.sigmoid) -> dict:
     """Logits (B, T, V), and per layer the probabilities (B, 2h, T, T), pre-softmax logits and λ (B, T, h), in
     float64, from the equations: O_j = softmax(RoPE(Q_j)·RoPE(K_g(j))ᵀ/√d) V_g(j), λ = sigmoid(x W_λᵀ),
-    A_i = O_2i − λ_i O_2i+1, out = concat(A) W_Oᵀ inside LLaMA's pre-norm decoder layer."""
-    cfg = model.config
-    w = {name: t.detach().double() for name, t in model.state_dict().items()}
-    n_q, n_kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    theta = cfg.rope_parameters["rope_theta"]
-    angles = torch.arange(T, dtype=torch.float64)[:, None] / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-
-    def rms(x, weight):
-        return weight * x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.rms_norm_eps)
-
-    def rope(x):  # (T, d), LLaMA's rotate-half layout
-        x1, x2 = x[:, : d // 2], x[:, d // 2 :]
-        return torch.cat([x1 * angles.cos() - x2 * angles.sin(), x2 * angles.cos() + x1 * angles.sin()], dim=-1)
-
+    A_i = O_2i − λ_i O_2i+1, out = concat(A) W_Oᵀ inside LLaMA's pre-norm decoder layer (tests/naive_llama.py)."""
+    n_q = model.config.num_attention_heads
     first, second = (range(0, n_q, 2), range(1, n_q, 2)) if pairing == "adjacent" else (range(n_q // 2), range(n_q // 2, n_q))
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    out = {"logits": [], "probs": [[] for _ in range(cfg.num_hidden_layers)], "scores": [[] for _ in range(cfg.num_hidden_layers)], "lambda": [[] for _ in range(cfg.num_hidden_layers)]}
-    for b in range(ids.shape[0]):
-        x = w["model.embed_tokens.weight"][ids[b]]
-        for layer in range(cfg.num_hidden_layers):
-            p = f"model.layers.{layer}."
-            a = rms(x, w[p + "input_layernorm.weight"])
-            q = (a @ w[p + "self_attn.q_proj.weight"].T).view(T, n_q, d)
-            k = (a @ w[p + "self_attn.k_proj.weight"].T).view(T, n_kv, d)
-            v = (a @ w[p + "self_attn.v_proj.weight"].T).view(T, n_kv, d)
-            lam = gate(a @ w[p + "self_attn.lambda_proj.weight"].T)  # (T, h)
-            heads, probs, scores = [], [], []
-            for j in range(n_q):
-                g = j // (n_q // n_kv)  # the KV head serving query head j
-                s = rope(q[:, j]) @ rope(k[:, g]).T / math.sqrt(d)
-                prob = torch.softmax(s.masked_fill(~causal, -math.inf), dim=-1)
-                heads.append(prob @ v[:, g])
-                probs.append(prob)
-                scores.append(s)
-            diff = torch.cat([heads[f] - lam[:, i : i + 1] * heads[s] for i, (f, s) in enumerate(zip(first, second))], dim=-1)
-            x = x + diff @ w[p + "self_attn.o_proj.weight"].T
-            m = rms(x, w[p + "post_attention_layernorm.weight"])
-            gate_act = torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T)
-            x = x + (gate_act * (m @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
-            out["probs"][layer].append(torch.stack(probs))
-            out["scores"][layer].append(torch.stack(scores))
-            out["lambda"][layer].append(lam)
-        out["logits"].append(rms(x, w["model.norm.weight"]) @ w["lm_head.weight"].T)
-    stack = lambda per_layer: [torch.stack(rows) for rows in per_layer]  # noqa: E731
-    return {"logits": torch.stack(out["logits"]), "probs": stack(out["probs"]), "scores": stack(out["scores"]), "lambda": stack(out["lambda"])}
+    weights = {name: t.detach().double() for name, t in model.state_dict().items()}
+    lambdas: dict[str, list[torch.Tensor]] = {}
+
+    def combine(prefix: str, a: torch.Tensor, heads: list[torch.Tensor]) -> torch.Tensor:
+        lam = gate(a @ weights[prefix + "self_attn.lambda_proj.weight"].T)  # (T, h)
+        lambdas.setdefault(prefix, []).append(lam)
+        return torch.cat([heads[f] - lam[:, i : i + 1] * heads[s] for i, (f, s) in enumerate(zip(first, second))], dim=-1)
+
+    out = naive_llama.forward(model, ids, combine)
+    return out | {"lambda": [torch.stack(lambdas[f"model.layers.{layer}."]) for layer in range(model.config.num_hidden_layers)]}
 
 
 def _gap(model, ids, **mutation) -> float:

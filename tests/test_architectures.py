@@ -140,7 +140,8 @@ class _Capture:
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         self.logits[module.layer_idx] = torch.matmul(query, key_all.transpose(2, 3)).float() * scaling
         self.valid[module.layer_idx] = attention_mask > torch.finfo(attention_mask.dtype).min / 2  # eager: always a full mask
-        own = sys.modules[type(module).__module__].eager_attention_forward  # the family's own semantics
+        # the family's own semantics: its modeling module's eager attention (quantdiff's kinds name theirs `eager`)
+        own = getattr(module, "eager", None) or sys.modules[type(module).__module__].eager_attention_forward
         return own(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
 
 

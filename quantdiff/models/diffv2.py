@@ -37,13 +37,8 @@ import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import LlamaConfig
-from transformers.cache_utils import Cache
-from transformers.models.llama.modeling_llama import (
-    LlamaPreTrainedModel,
-    eager_attention_forward,  # the eager reference: what `attn_implementation="eager"` runs
-)
 
-from quantdiff.models.llama_variant import VariantDecoderLayer, VariantForCausalLM, VariantModel, attend, project_qkv, register_kind
+from quantdiff.models.llama_variant import VariantAttention, declare_kind
 
 MODEL_TYPE = "quantdiff_diffv2"
 
@@ -72,11 +67,11 @@ class DiffV2Config(LlamaConfig):
         return self.num_attention_heads // 2
 
 
-class DiffV2Attention(nn.Module):
+class DiffV2Attention(VariantAttention):
     """Differential attention V2 (equations in the module docstring); attention itself through the registry."""
 
     def __init__(self, config: DiffV2Config, layer_idx: int) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # LLaMA's projections have other widths here
         self.config = config
         self.layer_idx = layer_idx
         self.head_dim = config.head_dim
@@ -91,49 +86,12 @@ class DiffV2Attention(nn.Module):
         self.o_proj = nn.Linear(config.output_heads * self.head_dim, config.hidden_size, bias=bias)
         self.lambda_proj = nn.Linear(config.hidden_size, config.output_heads, bias=False)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        query, key, value = project_qkv(self, hidden_states, position_embeddings, past_key_values)  # Q (B, 2h, T, d)
+    def combine_heads(self, out: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(B, T, 2h, d) -> (B, T, h, d): O_2i − λ_i·O_2i+1, the pairs sharing a GQA group."""
         lam = torch.sigmoid(self.lambda_proj(hidden_states))  # (B, T, h)
-        out, weights = attend(self, query, key, value, attention_mask, eager_attention_forward, **kwargs)  # (B, T, 2h, d)
-        out = out[:, :, 0::2] - lam[..., None].to(out.dtype) * out[:, :, 1::2]  # (B, T, h, d): pairs share a GQA group
-        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+        return out[:, :, 0::2] - lam[..., None].to(out.dtype) * out[:, :, 1::2]
 
 
-class DiffV2DecoderLayer(VariantDecoderLayer):
-    """LLaMA's pre-norm decoder layer with DIFF V2 attention."""
-
-    attention_class = DiffV2Attention
-
-
-class DiffV2PreTrainedModel(LlamaPreTrainedModel):
-    config: DiffV2Config
-    config_class = DiffV2Config
-    _no_split_modules = ["DiffV2DecoderLayer"]
-    _can_record_outputs = {"hidden_states": DiffV2DecoderLayer, "attentions": DiffV2Attention}
-
-
-class DiffV2Model(DiffV2PreTrainedModel, VariantModel):
-    """LLaMA's decoder stack (its forward) over DIFF V2 layers."""
-
-    decoder_layer_class = DiffV2DecoderLayer
-
-
-class DiffV2ForCausalLM(DiffV2PreTrainedModel, VariantForCausalLM):
-    """LLaMA's causal-LM head (its forward, generation and tied-weight rules) over a DIFF V2 model."""
-
-    model_class = DiffV2Model
-
-
-def register() -> None:
-    """Make "quantdiff_diffv2" loadable through AutoConfig / AutoModel / AutoModelForCausalLM (idempotent)."""
-    register_kind(MODEL_TYPE, DiffV2Config, DiffV2Model, DiffV2ForCausalLM)
-
-
-register()
+DiffV2DecoderLayer, DiffV2PreTrainedModel, DiffV2Model, DiffV2ForCausalLM = declare_kind(
+    __name__, "DiffV2", MODEL_TYPE, DiffV2Config, DiffV2Attention
+)

@@ -33,14 +33,8 @@ import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import LlamaConfig
-from transformers.cache_utils import Cache
-from transformers.models.llama.modeling_llama import (
-    LlamaAttention,
-    LlamaPreTrainedModel,
-    eager_attention_forward,  # the eager reference: what `attn_implementation="eager"` runs
-)
 
-from quantdiff.models.llama_variant import VariantDecoderLayer, VariantForCausalLM, VariantModel, attend, project_qkv, register_kind
+from quantdiff.models.llama_variant import VariantAttention, declare_kind
 
 MODEL_TYPE = "quantdiff_gated"
 
@@ -52,56 +46,18 @@ class GatedConfig(LlamaConfig):
     model_type = MODEL_TYPE
 
 
-class GatedAttention(LlamaAttention):
+class GatedAttention(VariantAttention):
     """LLaMA's attention with a sigmoid gate per token and head on its output, before W_O (module docstring)."""
 
     def __init__(self, config: GatedConfig, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
         self.output_gate_proj = nn.Linear(config.hidden_size, config.num_attention_heads, bias=config.attention_bias)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        query, key, value = project_qkv(self, hidden_states, position_embeddings, past_key_values)
-        gate = torch.sigmoid(self.output_gate_proj(hidden_states))  # (B, T, h)
-        out, weights = attend(self, query, key, value, attention_mask, eager_attention_forward, **kwargs)  # (B, T, h, d)
-        out = out * gate[..., None].to(out.dtype)
-        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+    def combine_heads(self, out: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(self.output_gate_proj(hidden_states))  # (B, T, h): from the attention input
+        return out * gate[..., None].to(out.dtype)
 
 
-class GatedDecoderLayer(VariantDecoderLayer):
-    """LLaMA's pre-norm decoder layer with gated attention."""
-
-    attention_class = GatedAttention
-
-
-class GatedPreTrainedModel(LlamaPreTrainedModel):
-    config: GatedConfig
-    config_class = GatedConfig
-    _no_split_modules = ["GatedDecoderLayer"]
-    _can_record_outputs = {"hidden_states": GatedDecoderLayer, "attentions": GatedAttention}
-
-
-class GatedModel(GatedPreTrainedModel, VariantModel):
-    """LLaMA's decoder stack (its forward) over gated-attention layers."""
-
-    decoder_layer_class = GatedDecoderLayer
-
-
-class GatedForCausalLM(GatedPreTrainedModel, VariantForCausalLM):
-    """LLaMA's causal-LM head over a gated-attention model."""
-
-    model_class = GatedModel
-
-
-def register() -> None:
-    """Make "quantdiff_gated" loadable through the Auto classes (idempotent)."""
-    register_kind(MODEL_TYPE, GatedConfig, GatedModel, GatedForCausalLM)
-
-
-register()
+GatedDecoderLayer, GatedPreTrainedModel, GatedModel, GatedForCausalLM = declare_kind(
+    __name__, "Gated", MODEL_TYPE, GatedConfig, GatedAttention
+)

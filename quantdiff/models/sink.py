@@ -32,11 +32,10 @@ from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import LlamaConfig
 from transformers import initialization as init
-from transformers.cache_utils import Cache
-from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward  # eager reference: appends `sinks` as a logit column
-from transformers.models.llama.modeling_llama import LlamaAttention, LlamaPreTrainedModel
+from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager_attention_forward
+from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
 
-from quantdiff.models.llama_variant import VariantDecoderLayer, VariantForCausalLM, VariantModel, attend, project_qkv, register_kind
+from quantdiff.models.llama_variant import VariantAttention, declare_kind
 
 MODEL_TYPE = "quantdiff_sink"
 
@@ -48,37 +47,22 @@ class SinkConfig(LlamaConfig):
     model_type = MODEL_TYPE
 
 
-class SinkAttention(LlamaAttention):
+class SinkAttention(VariantAttention):
     """LLaMA's attention with one learned sink logit per head in every softmax denominator (module docstring)."""
+
+    eager = staticmethod(gpt_oss_eager_attention_forward)  # appends `sinks` as a logit column, then drops it
 
     def __init__(self, config: SinkConfig, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
         self.sinks = nn.Parameter(torch.zeros(config.num_attention_heads))
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        query, key, value = project_qkv(self, hidden_states, position_embeddings, past_key_values)
-        out, weights = attend(self, query, key, value, attention_mask, eager_attention_forward, s_aux=self.sinks, **kwargs)
-        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+    def attention_arguments(self) -> dict:
+        return {"s_aux": self.sinks}  # the argument name of transformers' attention functions (and the backend's)
 
 
-class SinkDecoderLayer(VariantDecoderLayer):
-    """LLaMA's pre-norm decoder layer with sink attention."""
+class SinkPreTrainedBase(LlamaPreTrainedModel):
+    """What the sink kind's models add to LLaMA's base: the attention implementations they refuse, the sinks' init."""
 
-    attention_class = SinkAttention
-
-
-class SinkPreTrainedModel(LlamaPreTrainedModel):
-    config: SinkConfig
-    config_class = SinkConfig
-    _no_split_modules = ["SinkDecoderLayer"]
-    _can_record_outputs = {"hidden_states": SinkDecoderLayer, "attentions": SinkAttention}
     # Their attention functions would ignore `s_aux` (SDPA) or are not checked here (flash, flex): refused by
     # transformers by name; eager and the quantdiff backend compute the sinks.
     _supports_sdpa = False
@@ -92,21 +76,6 @@ class SinkPreTrainedModel(LlamaPreTrainedModel):
             init.zeros_(module.sinks)
 
 
-class SinkModel(SinkPreTrainedModel, VariantModel):
-    """LLaMA's decoder stack (its forward) over sink-attention layers."""
-
-    decoder_layer_class = SinkDecoderLayer
-
-
-class SinkForCausalLM(SinkPreTrainedModel, VariantForCausalLM):
-    """LLaMA's causal-LM head over a sink-attention model."""
-
-    model_class = SinkModel
-
-
-def register() -> None:
-    """Make "quantdiff_sink" loadable through the Auto classes (idempotent)."""
-    register_kind(MODEL_TYPE, SinkConfig, SinkModel, SinkForCausalLM)
-
-
-register()
+SinkDecoderLayer, SinkPreTrainedModel, SinkModel, SinkForCausalLM = declare_kind(
+    __name__, "Sink", MODEL_TYPE, SinkConfig, SinkAttention, base=SinkPreTrainedBase
+)

@@ -1,7 +1,8 @@
-"""The gated ("quantdiff_gated") and sink ("quantdiff_sink") model kinds: each against a naive implementation of its
-equations, with mutations that must fail, and the whole tool on it — statistics (logits without the sink, first-
-position mass with it), quantizers at every site (the gate projection at `linear`), export and exact reload, the
-parameter budget beside the standard model's, `info` and `pair`, and SDPA refused by name for the sink kind.
+"""quantdiff's own model kinds. Gated ("quantdiff_gated") and sink ("quantdiff_sink"): each against a naive
+implementation of its equations, with mutations that must fail, and the whole tool on it — statistics (logits
+without the sink, first-position mass with it), the parameter budget beside the standard model's, `info`, `pair`
+and `stats`, and SDPA refused by name for the sink kind. All three (DIFF V2 too; its own equations are in
+tests/test_diffv2.py): quantizers at every site (the gate and λ projections at `linear`), export and exact reload.
 
 The equations (tests/naive_llama.py plus the combinations below) are written from Qiu et al. 2025's G1 gate,
 sigmoid(x W_gᵀ) per token and head times each head's attention output, and from GPT-OSS's sinks,
@@ -17,40 +18,26 @@ import pytest
 import torch
 
 import naive_llama
+from own_kinds import B, PRESET, T, on_backend, perturbed_models, token_ids
 
 import quantdiff
 from quantdiff.data.sources import Batch
-from quantdiff.models import loading, structure
-from quantdiff.models.pairs import SizePreset, added_parameter_count, build_pair, parameter_count
+from quantdiff.models import structure
+from quantdiff.models.pairs import added_parameter_count, build_pair, parameter_count
 from quantdiff.stats.collect import collect_stats
 
-PRESET = SizePreset(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=61, max_position_embeddings=64)
-B, T = 2, 10
 KINDS = ("gated", "sink")
-
-
-def _perturbed(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights large enough that attention patterns, gates and sinks matter (logits of order one, sinks near 1)."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(1 + 0.3 * torch.randn_like(param) if param.dim() == 1 else 0.25 * torch.randn_like(param))
-    return model.eval()
+OWN_KINDS = ("diffv2", *KINDS)  # quantdiff's own model types: the tool tests below run on each
 
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, torch.nn.Module]:
-    built = build_pair(PRESET, seed=0, attn_implementation="eager", kinds=("standard", *KINDS))
-    return {kind: _perturbed(model) for kind, model in built.items()}
+    return perturbed_models(("standard", *OWN_KINDS))
 
 
 @pytest.fixture(scope="module")
 def ids() -> torch.Tensor:
-    return torch.randint(3, PRESET.vocab_size, (B, T), generator=torch.Generator().manual_seed(2))
-
-
-def _on_backend(model: torch.nn.Module, tile_size: int | None = 4) -> torch.nn.Module:
-    return loading.prepare(copy.deepcopy(model), tile_size)
+    return token_ids()
 
 
 # ---- the naive implementations ------------------------------------------------------------------------------------
@@ -84,7 +71,7 @@ def test_model_equals_the_equations_and_mutations_do_not(models, ids, kind):
     as_trained = build_pair(PRESET, kinds=(kind,))[kind].eval()  # on what training uses: SDPA, eager for the sinks
     as_trained.load_state_dict(model.state_dict())
     assert as_trained.config._attn_implementation == {"gated": "sdpa", "sink": "eager"}[kind]
-    for runner in (model, _on_backend(model), as_trained):
+    for runner in (model, on_backend(model), as_trained):
         assert _gap(runner, ids) <= 1e-5
     mutations = {
         "gated": [dict(gate=torch.ones_like), dict(gate=lambda z: torch.sigmoid(-z)), dict(heads_of_gate=[1, 0, 3, 2])],
@@ -116,7 +103,7 @@ def test_each_attention_row_falls_short_of_one_by_the_sinks_share(models, ids):
 def test_stats_see_only_qk_logits_and_sink_mass_is_the_true_probability(models, ids, kind):
     model = models[kind]
     want = naive(model, ids)
-    stats = collect_stats(_on_backend(model, 3), [Batch(ids, None, 0)], k=8)
+    stats = collect_stats(on_backend(model, 3), [Batch(ids, None, 0)], k=8)
     logits = stats.summary()["attention_logits"]
     heads = model.config.num_attention_heads
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -133,12 +120,12 @@ def test_stats_see_only_qk_logits_and_sink_mass_is_the_true_probability(models, 
 
 
 # every method at every site it supports (llm-int8 quantizes matmul operands: not the logits)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", OWN_KINDS)
 @pytest.mark.parametrize(("method", "site"), [("absmax", "logits"), ("absmax", "qk"), ("absmax", "linear"), ("llm-int8", "qk"), ("llm-int8", "linear")])
 def test_quantizers_run_at_every_site(models, ids, kind, method, site):
     from quantdiff.quant.sites import parse_config, quantized
 
-    model = _on_backend(models[kind])
+    model = on_backend(models[kind])
     with torch.no_grad():
         reference = model(input_ids=ids).logits
         with quantized(model, parse_config(method, 16, site)):  # also checks every attention module was reached
@@ -146,7 +133,7 @@ def test_quantizers_run_at_every_site(models, ids, kind, method, site):
         with quantized(model, parse_config(method, 3, site)):
             at3 = model(input_ids=ids).logits
     assert torch.isfinite(at3).all() and (at16 - reference).abs().max() < (at3 - reference).abs().max()
-    assert (at3 - reference).abs().max() > 1e-3
+    assert (at3 - reference).abs().max() > 1e-3  # 3 bits really changed the model
 
 
 def test_the_gate_projection_is_quantized_at_the_linear_site(models):
@@ -156,7 +143,7 @@ def test_the_gate_projection_is_quantized_at_the_linear_site(models):
     assert [n for n in names if n.endswith("output_gate_proj")] == [f"model.layers.{i}.self_attn.output_gate_proj" for i in range(PRESET.num_layers)]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", OWN_KINDS)
 def test_save_reload_and_quantized_export_are_exact(models, ids, kind, tmp_path):
     from quantdiff.quant.checkpoint import load_quantized
     from quantdiff.quant.export import export_quantized
@@ -164,7 +151,7 @@ def test_save_reload_and_quantized_export_are_exact(models, ids, kind, tmp_path)
     from quantdiff.quant.sites import AbsmaxMethod, LinearSite, LLMInt8Method, LogitsSite, QuantConfig, quantized
 
     models[kind].save_pretrained(tmp_path / "src")
-    source = quantdiff.load(tmp_path / "src", device="cpu")
+    source = quantdiff.load(tmp_path / "src", device="cpu")  # the strict tensor check passes: the plain state_dict
     assert source.config.model_type == f"quantdiff_{kind}"
     assert all(torch.equal(source.state_dict()[n], t) for n, t in models[kind].state_dict().items())
     attention_cfg = QuantConfig(AbsmaxMethod(6), LogitsSite())
@@ -177,6 +164,8 @@ def test_save_reload_and_quantized_export_are_exact(models, ids, kind, tmp_path)
                 expect = source(input_ids=ids).logits
             got = reloaded(input_ids=ids).logits
         assert torch.equal(got, expect), type(fmt).__name__
+        added = {"diffv2": "lambda_proj", "gated": "output_gate_proj", "sink": "sinks"}[kind]
+        assert added in " ".join(n for n, _ in reloaded.named_parameters())
         if kind == "sink":  # stored unquantized, as norms: bit for bit
             assert all(torch.equal(reloaded.state_dict()[n], t) for n, t in source.state_dict().items() if n.endswith("sinks"))
 

@@ -24,6 +24,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 import quantdiff.attention.backend as attention
 from quantdiff.core.errors import QuantdiffError
 from quantdiff.data.sources import Batch
+from quantdiff.models.llama_variant import VariantAttention
 from quantdiff.models.loading import prepare
 from quantdiff.stats.collect import collect_stats
 from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR
@@ -140,8 +141,8 @@ class _Capture:
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         self.logits[module.layer_idx] = torch.matmul(query, key_all.transpose(2, 3)).float() * scaling
         self.valid[module.layer_idx] = attention_mask > torch.finfo(attention_mask.dtype).min / 2  # eager: always a full mask
-        # the family's own semantics: its modeling module's eager attention (quantdiff's kinds name theirs `eager`)
-        own = getattr(module, "eager", None) or sys.modules[type(module).__module__].eager_attention_forward
+        # the family's own semantics: its modeling module's eager attention (quantdiff's own kinds name theirs `eager`)
+        own = module.eager if isinstance(module, VariantAttention) else sys.modules[type(module).__module__].eager_attention_forward
         return own(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
 
 

@@ -24,6 +24,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 import quantdiff.attention.backend as attention
 from quantdiff.core.errors import QuantdiffError
 from quantdiff.data.sources import Batch
+from quantdiff.models.llama_variant import VariantAttention
 from quantdiff.models.loading import prepare
 from quantdiff.stats.collect import collect_stats
 from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR
@@ -66,6 +67,8 @@ SUPPORTED = {
     "gpt_oss": dict(head_dim=8, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], **MOE),
     "stablelm": {},
     "quantdiff_diffv2": {},  # quantdiff's own DIFF Transformer V2: 4 query heads paired (0,1), (2,3) over 2 KV heads
+    "quantdiff_gated": {},  # quantdiff's own gated attention: a sigmoid gate per token and head before o_proj
+    "quantdiff_sink": {},  # quantdiff's own learned sink logit per head (`s_aux`), eager = GPT-OSS's eager attention
 }
 # Every other decoder of the installed transformers that builds from the same tiny config, checked the same way
 # (slow: about a second each).
@@ -138,7 +141,8 @@ class _Capture:
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         self.logits[module.layer_idx] = torch.matmul(query, key_all.transpose(2, 3)).float() * scaling
         self.valid[module.layer_idx] = attention_mask > torch.finfo(attention_mask.dtype).min / 2  # eager: always a full mask
-        own = sys.modules[type(module).__module__].eager_attention_forward  # the family's own semantics
+        # the family's own semantics: its modeling module's eager attention (quantdiff's own kinds name theirs `eager`)
+        own = module.eager if isinstance(module, VariantAttention) else sys.modules[type(module).__module__].eager_attention_forward
         return own(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
 
 
@@ -240,9 +244,12 @@ def test_dropout_in_training_is_refused_on_the_tiled_path():
         model(input_ids=_inputs()[0])
 
 
-# ---- end to end: one soft-capping, one sinks, one fused-QKV family and DIFF V2 through the CLI --------------------------
+# ---- end to end: one soft-capping, one sinks, one fused-QKV family and quantdiff's own kinds through the CLI -------------
 
-END_TO_END = {"gemma2": "softcap", "gpt_oss": "sinks", "phi3": "fused qkv_proj", "quantdiff_diffv2": "per-token λ"}
+END_TO_END = {
+    "gemma2": "softcap", "gpt_oss": "sinks", "phi3": "fused qkv_proj", "quantdiff_diffv2": "per-token λ",
+    "quantdiff_gated": "output gate (an nn.Linear in attention)", "quantdiff_sink": "learned sink logits",
+}
 
 
 def _saved_with_tokenizer(model_type: str, directory) -> int:
@@ -276,6 +283,7 @@ def test_stats_sweep_and_quantize_end_to_end(model_type, tmp_path, capsys):
 
     run("stats", model_dir, "--data", text, "--tokens", "200", "--seq-len", "16", "--tile-size", "5", "--json", tmp_path / "s.json", "--quiet", "--device", "cpu")
     entry = json.loads((tmp_path / "s.json").read_text())["models"][0]
+    assert entry["kind"] == (model_type.removeprefix("quantdiff_") if model_type.startswith("quantdiff_") else "standard")
     assert entry["coverage"]["complete"] and entry["coverage"]["attention_reached"] == TINY["num_hidden_layers"]
     assert entry["trust_remote_code"] is False and entry["coverage"]["allow_partial"] is False
     assert entry["attention_logits"]["count"] > 0

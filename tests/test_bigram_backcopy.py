@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -268,3 +269,26 @@ def test_a_resumed_state_is_checked_against_every_arm(tmp_path):
     pair_shaped = {**fresh, "loss": {"standard": [], "diff": []}}
     with pytest.raises(LoadError, match="loss must map standard, diff, diffv2 and standard-sgd to lists"):
         checked_state(pair_shaped, recipe, tmp_path)
+
+
+def test_a_micro_recipe_with_the_bb_recipes_six_arms_trains_every_kind(tmp_path):
+    """recipes/bb.toml's own [[arms]] over MICRO's sizes: all six kinds train on the same batches (the sink kind on
+    eager attention, back to it after each emergence measurement) and log their series."""
+    from safetensors.torch import load_file
+
+    from quantdiff.train.recipe import REPO_RECIPES
+
+    arms = "[[arms]]" + (REPO_RECIPES / "bb.toml").read_text().split("[[arms]]", 1)[1]
+    recipe = parse_recipe(MICRO.split("[[arms]]", 1)[0] + arms, "micro-bb")
+    assert recipe.arm_names == ("standard", "diff", "diffv2", "gated", "sink", "standard-sgd")
+    paths = training.train_pair(recipe, tmp_path)
+    logs = {name: json.loads((path / "train_log.json").read_text()) for name, path in paths.items()}
+    assert {name: log["kind"] for name, log in logs.items()} == {arm.name: arm.kind for arm in recipe.arms}
+    for name, log in logs.items():
+        assert [e["step"] for e in log["outliers"]] == [2, 4] and 0 <= log["bb"]["accuracy"] <= 1, name
+        assert all(math.isfinite(loss) for loss in log["train_loss_curve"]), name
+    # the sink logits start at 0 and trained: they had gradients, so training computed them (SDPA would drop them)
+    sinks = [t for n, t in load_file(paths["sink"] / "model.safetensors").items() if n.endswith("sinks")]
+    assert len(sinks) == recipe.model.num_layers and all(t.abs().min() > 0 for t in sinks)
+    assert logs["gated"]["parameters"] - logs["standard"]["parameters"] == recipe.model.num_layers * recipe.model.hidden_size * recipe.model.num_heads
+    assert logs["sink"]["parameters"] - logs["standard"]["parameters"] == recipe.model.num_layers * recipe.model.num_heads

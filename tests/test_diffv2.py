@@ -1,6 +1,6 @@
 """DIFF Transformer V2 ("quantdiff_diffv2"): the model against a naive implementation of its equations, and the
-whole tool on it — taps, statistics per map and combined, sinks with a per-token λ, quantizers at every site,
-export and exact reload, retrieval maps, `quantdiff info`.
+whole tool on it — taps, statistics per map and combined, sinks with a per-token λ, retrieval maps, `quantdiff info`
+(quantizers at every site and export with exact reload: tests/test_model_kinds.py, for every kind of quantdiff's own).
 
 The naive implementation below is written from the authors' equations (README and reference module of
 microsoft/unilm Diff-Transformer-V2), loops over heads and shares nothing with `quantdiff.models.diffv2`.
@@ -8,46 +8,27 @@ microsoft/unilm Diff-Transformer-V2), loops over heads and shares nothing with `
 
 from __future__ import annotations
 
-import copy
-import math
-
 import pytest
 import torch
+
+import naive_llama
+from own_kinds import B, PRESET, T, on_backend, perturbed_models, token_ids
 
 import quantdiff
 import quantdiff.attention.backend as attention
 from quantdiff.data.sources import Batch
-from quantdiff.models import loading, structure
-from quantdiff.models.pairs import SizePreset, build_pair, lambda_parameter_count, parameter_count
+from quantdiff.models import structure
+from quantdiff.models.pairs import lambda_parameter_count, parameter_count
 from quantdiff.stats.collect import collect_stats
-
-# 4 output heads → 8 query heads over 2 KV heads: groups of 4, so "halves" pairing would cross groups.
-PRESET = SizePreset(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=61, max_position_embeddings=64)
-B, T = 2, 10
-
-
-def _perturbed(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights large enough that attention patterns and λ vary visibly (logits of order one)."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(1 + 0.1 * torch.randn_like(param) if param.dim() == 1 else 0.25 * torch.randn_like(param))
-    return model.eval()
-
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, torch.nn.Module]:
-    built = build_pair(PRESET, seed=0, attn_implementation="eager", kinds=("standard", "diffv2"))
-    return {kind: _perturbed(model) for kind, model in built.items()}
+    return perturbed_models(("standard", "diffv2"))
 
 
 @pytest.fixture(scope="module")
 def ids() -> torch.Tensor:
-    return torch.randint(3, PRESET.vocab_size, (B, T), generator=torch.Generator().manual_seed(2))
-
-
-def _on_backend(model: torch.nn.Module, tile_size: int | None = 4) -> torch.nn.Module:
-    return loading.prepare(copy.deepcopy(model), tile_size)
+    return token_ids()
 
 
 # ---- the naive implementation ---------------------------------------------------------------------------------
@@ -56,51 +37,19 @@ def _on_backend(model: torch.nn.Module, tile_size: int | None = 4) -> torch.nn.M
 def naive(model: torch.nn.Module, ids: torch.Tensor, pairing: str = "adjacent", gate=torch.sigmoid) -> dict:
     """Logits (B, T, V), and per layer the probabilities (B, 2h, T, T), pre-softmax logits and λ (B, T, h), in
     float64, from the equations: O_j = softmax(RoPE(Q_j)·RoPE(K_g(j))ᵀ/√d) V_g(j), λ = sigmoid(x W_λᵀ),
-    A_i = O_2i − λ_i O_2i+1, out = concat(A) W_Oᵀ inside LLaMA's pre-norm decoder layer."""
-    cfg = model.config
-    w = {name: t.detach().double() for name, t in model.state_dict().items()}
-    n_q, n_kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    theta = cfg.rope_parameters["rope_theta"]
-    angles = torch.arange(T, dtype=torch.float64)[:, None] / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-
-    def rms(x, weight):
-        return weight * x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.rms_norm_eps)
-
-    def rope(x):  # (T, d), LLaMA's rotate-half layout
-        x1, x2 = x[:, : d // 2], x[:, d // 2 :]
-        return torch.cat([x1 * angles.cos() - x2 * angles.sin(), x2 * angles.cos() + x1 * angles.sin()], dim=-1)
-
+    A_i = O_2i − λ_i O_2i+1, out = concat(A) W_Oᵀ inside LLaMA's pre-norm decoder layer (tests/naive_llama.py)."""
+    n_q = model.config.num_attention_heads
     first, second = (range(0, n_q, 2), range(1, n_q, 2)) if pairing == "adjacent" else (range(n_q // 2), range(n_q // 2, n_q))
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    out = {"logits": [], "probs": [[] for _ in range(cfg.num_hidden_layers)], "scores": [[] for _ in range(cfg.num_hidden_layers)], "lambda": [[] for _ in range(cfg.num_hidden_layers)]}
-    for b in range(ids.shape[0]):
-        x = w["model.embed_tokens.weight"][ids[b]]
-        for layer in range(cfg.num_hidden_layers):
-            p = f"model.layers.{layer}."
-            a = rms(x, w[p + "input_layernorm.weight"])
-            q = (a @ w[p + "self_attn.q_proj.weight"].T).view(T, n_q, d)
-            k = (a @ w[p + "self_attn.k_proj.weight"].T).view(T, n_kv, d)
-            v = (a @ w[p + "self_attn.v_proj.weight"].T).view(T, n_kv, d)
-            lam = gate(a @ w[p + "self_attn.lambda_proj.weight"].T)  # (T, h)
-            heads, probs, scores = [], [], []
-            for j in range(n_q):
-                g = j // (n_q // n_kv)  # the KV head serving query head j
-                s = rope(q[:, j]) @ rope(k[:, g]).T / math.sqrt(d)
-                prob = torch.softmax(s.masked_fill(~causal, -math.inf), dim=-1)
-                heads.append(prob @ v[:, g])
-                probs.append(prob)
-                scores.append(s)
-            diff = torch.cat([heads[f] - lam[:, i : i + 1] * heads[s] for i, (f, s) in enumerate(zip(first, second))], dim=-1)
-            x = x + diff @ w[p + "self_attn.o_proj.weight"].T
-            m = rms(x, w[p + "post_attention_layernorm.weight"])
-            gate_act = torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T)
-            x = x + (gate_act * (m @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
-            out["probs"][layer].append(torch.stack(probs))
-            out["scores"][layer].append(torch.stack(scores))
-            out["lambda"][layer].append(lam)
-        out["logits"].append(rms(x, w["model.norm.weight"]) @ w["lm_head.weight"].T)
-    stack = lambda per_layer: [torch.stack(rows) for rows in per_layer]  # noqa: E731
-    return {"logits": torch.stack(out["logits"]), "probs": stack(out["probs"]), "scores": stack(out["scores"]), "lambda": stack(out["lambda"])}
+    weights = {name: t.detach().double() for name, t in model.state_dict().items()}
+    lambdas: dict[str, list[torch.Tensor]] = {}
+
+    def combine(prefix: str, a: torch.Tensor, heads: list[torch.Tensor]) -> torch.Tensor:
+        lam = gate(a @ weights[prefix + "self_attn.lambda_proj.weight"].T)  # (T, h)
+        lambdas.setdefault(prefix, []).append(lam)
+        return torch.cat([heads[f] - lam[:, i : i + 1] * heads[s] for i, (f, s) in enumerate(zip(first, second))], dim=-1)
+
+    out = naive_llama.forward(model, ids, combine)
+    return out | {"lambda": [torch.stack(lambdas[f"model.layers.{layer}."]) for layer in range(model.config.num_hidden_layers)]}
 
 
 def _gap(model, ids, **mutation) -> float:
@@ -111,7 +60,7 @@ def _gap(model, ids, **mutation) -> float:
 
 def test_model_equals_the_equations_and_mutations_do_not(models, ids):
     model = models["diffv2"]
-    for runner in (model, _on_backend(model)):
+    for runner in (model, on_backend(model)):
         assert _gap(runner, ids) <= 1e-5
     # The check sees the λ formula and the pairing: each mutation of the equations is far off.
     assert _gap(model, ids, gate=lambda z: torch.sigmoid(-z)) > 1e-2
@@ -127,7 +76,7 @@ def test_backend_equals_eager_with_tiles_and_left_padding(models, ids):
         with torch.no_grad():
             want = model(input_ids=ids, attention_mask=mask if padded else None).logits
         for tile in (3, T):
-            tiled = _on_backend(model, tile)
+            tiled = on_backend(model, tile)
             for tap in attention.taps(tiled):
                 tap.register_forward_hook(lambda *_: None)  # a listener forces the tiled path
             with torch.no_grad():
@@ -152,7 +101,7 @@ def test_structure_pairs_adjacent_heads_within_a_group(models):
 def test_stats_per_map_and_sinks_combined_with_each_rows_lambda(models, ids):
     model = models["diffv2"]
     want = naive(model, ids)
-    stats = collect_stats(_on_backend(model, 3), [Batch(ids, None, 0)], k=8)
+    stats = collect_stats(on_backend(model, 3), [Batch(ids, None, 0)], k=8)
     logits = stats.summary()["attention_logits"]
     n_q = model.config.num_attention_heads
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -178,50 +127,11 @@ def test_retrieval_maps_are_the_combined_maps_with_each_rows_lambda(models, ids)
 
     model = models["diffv2"]
     want = naive(model, ids)
-    maps = last_rows_attention(_on_backend(model, 3), ids.tolist(), rows=2)
+    maps = last_rows_attention(on_backend(model, 3), ids.tolist(), rows=2)
     for layer, got in enumerate(maps):
         probs, lam = want["probs"][layer][:, :, -2:], want["lambda"][layer][:, -2:].transpose(1, 2)[..., None]
         combined = (probs[:, 0::2] - lam * probs[:, 1::2]) / (1 - lam)
         assert (got.double() - combined).abs().max().item() <= 1e-5
-
-
-# every method at every site it supports (llm-int8 quantizes matmul operands: not the logits)
-@pytest.mark.parametrize(("method", "site"), [("absmax", "logits"), ("absmax", "qk"), ("absmax", "linear"), ("llm-int8", "qk"), ("llm-int8", "linear")])
-def test_quantizers_run_at_every_site(models, ids, method, site):
-    from quantdiff.quant.sites import parse_config, quantized
-
-    model = _on_backend(models["diffv2"])
-    with torch.no_grad():
-        reference = model(input_ids=ids).logits
-        with quantized(model, parse_config(method, 16, site)):  # also checks every attention module was reached
-            at16 = model(input_ids=ids).logits
-        with quantized(model, parse_config(method, 3, site)):
-            at3 = model(input_ids=ids).logits
-    assert torch.isfinite(at3).all() and (at16 - reference).abs().max() < (at3 - reference).abs().max()
-    assert (at3 - reference).abs().max() > 1e-3  # 3 bits really changed the V2 model
-
-
-def test_save_reload_and_quantized_export_are_exact(models, ids, tmp_path):
-    from quantdiff.quant.checkpoint import load_quantized
-    from quantdiff.quant.export import export_quantized
-    from quantdiff.quant.formats import AbsmaxExport, LLMInt8Export
-    from quantdiff.quant.sites import AbsmaxMethod, LinearSite, LLMInt8Method, LogitsSite, QuantConfig, quantized
-
-    models["diffv2"].save_pretrained(tmp_path / "src")
-    source = quantdiff.load(tmp_path / "src", device="cpu")  # the strict tensor check passes: the plain state_dict
-    assert source.config.model_type == "quantdiff_diffv2"
-    assert all(torch.equal(source.state_dict()[n], t) for n, t in models["diffv2"].state_dict().items())
-    attention_cfg = QuantConfig(AbsmaxMethod(6), LogitsSite())
-    for fmt, method in ((AbsmaxExport(4), AbsmaxMethod(4)), (LLMInt8Export(), LLMInt8Method(8))):
-        out = tmp_path / type(fmt).__name__
-        export_quantized(tmp_path / "src", out, fmt, attention=attention_cfg)
-        reloaded = load_quantized(out, device="cpu")
-        with torch.no_grad(), quantized(source, QuantConfig(method, LinearSite(inputs=isinstance(fmt, LLMInt8Export)))):
-            with quantized(source, attention_cfg):
-                expect = source(input_ids=ids).logits
-            got = reloaded(input_ids=ids).logits
-        assert torch.equal(got, expect), type(fmt).__name__
-        assert "lambda_proj" in " ".join(n for n, _ in reloaded.named_parameters())
 
 
 def test_matched_to_the_baseline_as_the_authors_match_it(models):

@@ -110,3 +110,19 @@ def test_rows_that_cannot_see_position_zero_put_no_mass_there(tile):
     reference = _eager_first_position_mass(model, batches)
     got = collect_stats(prepare(model, tile), batches, k=5).sinks.per_head()
     assert torch.allclose(got, reference, atol=2e-6), f"max diff {(got - reference).abs().max():.3g}"
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "gemma2", "doge", "quantdiff_sink"])
+@pytest.mark.parametrize("tile", [5, None], ids=["tiled", "one-tile"])
+def test_sink_mass_is_the_probability_softmax_gives(model_type, tile):
+    """The mass on position 0 is the probability the model's softmax gives it: with the model's sink logits in every
+    row's denominator (GPT-OSS, the sink kind: rows then sum to less than 1), of the soft-capped logits (Gemma 2),
+    with the learned additive mask (Doge). Ignoring them was off by 0.059, 0.018 and 0.0019."""
+    from test_architectures import SUPPORTED, _tiny
+
+    model = _tiny(model_type, SUPPORTED[model_type])
+    _sharpen(model, 3.0)
+    batches = _batches(model.config.vocab_size)
+    reference = _eager_first_position_mass(model, batches)
+    got = collect_stats(prepare(model, tile), batches, k=5).sinks.per_head()
+    assert torch.allclose(got, reference, atol=2e-6), f"max diff {(got - reference).abs().max():.3g}"

@@ -112,6 +112,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     """
     from quantdiff.core.atomic import write_json
     from quantdiff.models.source import model_source
+    from quantdiff.models.structure import attention_kind
     from quantdiff.quant.checkpoint import load
     from quantdiff.report.stats_report import render, warn_nonfinite, write_plots
     from quantdiff.stats.schema import document, model_entry
@@ -129,12 +130,13 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
             advance = start(model.name, sum(b.tokens for b in batches)) if start is not None else None
             loaded = load(model.path, device=device, tile_size=options.tile_size, trust_remote_code=options.trust_remote_code)
             collected = collect(loaded, batches, options.k, advance, options.compile, options.allow_partial)
+            kind = attention_kind(loaded)
             stats = gather_to_rank0(collected.stats, rank, world)
             capped = gather_capped_to_rank0(collected.capped_logits, rank, world)
             del loaded
             if stats is not None:
                 named.append((model.name, stats))
-                entry = {**model_entry(model.name, str(model.path), stats), "source": model_source(model.path)}
+                entry = {**model_entry(model.name, str(model.path), stats, kind), "source": model_source(model.path)}
                 entries.append(_with_definitions(entry, collected, capped, options))
     if rank != 0:
         return None

@@ -33,25 +33,12 @@ hidden_size / (num_attention_heads / 2), so h·d = hidden_size as in the baselin
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaConfig
-from transformers.cache_utils import Cache
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import (
-    LlamaDecoderLayer,
-    LlamaForCausalLM,
-    LlamaMLP,
-    LlamaModel,
-    LlamaPreTrainedModel,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-    eager_attention_forward,  # the eager reference: what `attn_implementation="eager"` runs
-)
+from transformers import LlamaConfig
+
+from quantdiff.models.llama_variant import VariantAttention, declare_kind
 
 MODEL_TYPE = "quantdiff_diffv2"
 
@@ -80,11 +67,11 @@ class DiffV2Config(LlamaConfig):
         return self.num_attention_heads // 2
 
 
-class DiffV2Attention(nn.Module):
+class DiffV2Attention(VariantAttention):
     """Differential attention V2 (equations in the module docstring); attention itself through the registry."""
 
     def __init__(self, config: DiffV2Config, layer_idx: int) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # LLaMA's projections have other widths here
         self.config = config
         self.layer_idx = layer_idx
         self.head_dim = config.head_dim
@@ -99,84 +86,12 @@ class DiffV2Attention(nn.Module):
         self.o_proj = nn.Linear(config.output_heads * self.head_dim, config.hidden_size, bias=bias)
         self.lambda_proj = nn.Linear(config.hidden_size, config.output_heads, bias=False)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        input_shape = hidden_states.shape[:-1]
-        hidden_shape = (*input_shape, -1, self.head_dim)
-        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, 2h, T, d)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, h_kv, T, d)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        cos, sin = position_embeddings
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+    def combine_heads(self, out: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(B, T, 2h, d) -> (B, T, h, d): O_2i − λ_i·O_2i+1, the pairs sharing a GQA group."""
         lam = torch.sigmoid(self.lambda_proj(hidden_states))  # (B, T, h)
-
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        out, weights = attention_interface(
-            self, query, key, value, attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs,
-        )  # fmt: skip
-        out = out[:, :, 0::2] - lam[..., None].to(out.dtype) * out[:, :, 1::2]  # (B, T, h, d): pairs share a GQA group
-        return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+        return out[:, :, 0::2] - lam[..., None].to(out.dtype) * out[:, :, 1::2]
 
 
-class DiffV2DecoderLayer(LlamaDecoderLayer):
-    """LLaMA's pre-norm decoder layer with DIFF V2 attention."""
-
-    def __init__(self, config: DiffV2Config, layer_idx: int) -> None:
-        nn.Module.__init__(self)
-        self.hidden_size = config.hidden_size
-        self.self_attn = DiffV2Attention(config, layer_idx)
-        self.mlp = LlamaMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-
-class DiffV2PreTrainedModel(LlamaPreTrainedModel):
-    config: DiffV2Config
-    config_class = DiffV2Config
-    _no_split_modules = ["DiffV2DecoderLayer"]
-    _can_record_outputs = {"hidden_states": DiffV2DecoderLayer, "attentions": DiffV2Attention}
-
-
-class DiffV2Model(DiffV2PreTrainedModel, LlamaModel):
-    """LLaMA's decoder stack (its forward) over DIFF V2 layers."""
-
-    def __init__(self, config: DiffV2Config) -> None:
-        DiffV2PreTrainedModel.__init__(self, config)
-        self.padding_idx = config.pad_token_id
-        self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList([DiffV2DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = LlamaRotaryEmbedding(config=config)
-        self.gradient_checkpointing = False
-        self.post_init()
-
-
-class DiffV2ForCausalLM(DiffV2PreTrainedModel, LlamaForCausalLM):
-    """LLaMA's causal-LM head (its forward, generation and tied-weight rules) over a DIFF V2 model."""
-
-    def __init__(self, config: DiffV2Config) -> None:
-        DiffV2PreTrainedModel.__init__(self, config)
-        self.model = DiffV2Model(config)
-        self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
-
-
-def register() -> None:
-    """Make "quantdiff_diffv2" loadable through AutoConfig / AutoModel / AutoModelForCausalLM (idempotent)."""
-    AutoConfig.register(MODEL_TYPE, DiffV2Config, exist_ok=True)
-    AutoModel.register(DiffV2Config, DiffV2Model, exist_ok=True)
-    AutoModelForCausalLM.register(DiffV2Config, DiffV2ForCausalLM, exist_ok=True)
-
-
-register()
+DiffV2DecoderLayer, DiffV2PreTrainedModel, DiffV2Model, DiffV2ForCausalLM = declare_kind(
+    __name__, "DiffV2", MODEL_TYPE, DiffV2Config, DiffV2Attention
+)

@@ -9,6 +9,10 @@ baseline and V2 with the same d_model, heads, KV heads and head width): H output
 width d = D/H, 2H query heads, the baseline's KV heads and W_O. It is *not* parameter-matched — the authors
 add the parameters of Q2 on purpose — so per layer it has D·H·d = D² more query weights and D·H λ weights,
 and per token 2·(D² + D·H) more projection FLOPs plus the QKᵀ and AV products of H more query heads.
+
+The gated kind (models/gated.py) is the standard model plus a head-wise output gate, D·H weights per layer; the
+sink kind (models/sink.py) the standard model plus one sink logit per head, H per layer. Both keep every size of
+the baseline, so their counts exceed the standard model's by exactly those parameters.
 """
 
 from __future__ import annotations
@@ -21,12 +25,21 @@ from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, Lla
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.models.diffv2 import DiffV2Config, DiffV2ForCausalLM
+from quantdiff.models.gated import GatedConfig, GatedForCausalLM
+from quantdiff.models.sink import SinkConfig, SinkForCausalLM
 from quantdiff.core.memory import check_fits
 
 KINDS = ("standard", "diff")  # the pair that training, the built-in models and reproduce use
-ALL_KINDS = (*KINDS, "diffv2")
-ModelConfig = LlamaConfig | DiffLlamaConfig | DiffV2Config
-_MODEL_CLASSES = {LlamaConfig: LlamaForCausalLM, DiffLlamaConfig: DiffLlamaForCausalLM, DiffV2Config: DiffV2ForCausalLM}
+EXTRA_KINDS = ("diffv2", "gated", "sink")  # quantdiff's own model types: `pair --diffv2/--gated/--sink`, recipe arms
+ALL_KINDS = (*KINDS, *EXTRA_KINDS)
+ModelConfig = LlamaConfig | DiffLlamaConfig | DiffV2Config | GatedConfig | SinkConfig
+_MODEL_CLASSES = {
+    LlamaConfig: LlamaForCausalLM, DiffLlamaConfig: DiffLlamaForCausalLM, DiffV2Config: DiffV2ForCausalLM,
+    GatedConfig: GatedForCausalLM, SinkConfig: SinkForCausalLM,
+}
+# Names of the parameters a kind adds to softmax attention (DiffLlama's λ vectors, DIFF V2's W_λ, the gated kind's
+# output gate, the sink kind's — and GPT-OSS's — sink logits): a dotted name part starting with one of these.
+ADDED_PARAMETER_PREFIXES = ("lambda_", "output_gate_proj", "sinks")
 
 
 @dataclass(frozen=True)
@@ -98,7 +111,8 @@ def _common_kwargs(preset: SizePreset) -> dict:
 
 
 def kind_configs(preset: SizePreset, kinds: tuple[str, ...] = KINDS) -> dict[str, ModelConfig]:
-    """{kind: config} for the given kinds ('standard': Llama, 'diff': DiffLlama, 'diffv2': DIFF V2), one size."""
+    """{kind: config} for the given kinds ('standard': Llama, 'diff': DiffLlama, 'diffv2': DIFF V2, 'gated': gated
+    attention, 'sink': learned sink logits), one size."""
     preset.validate()
     unknown = [k for k in kinds if k not in ALL_KINDS]
     if unknown:
@@ -109,6 +123,8 @@ def kind_configs(preset: SizePreset, kinds: tuple[str, ...] = KINDS) -> dict[str
         "diff": lambda: DiffLlamaConfig(lambda_std_dev=0.1, **kwargs),
         # 2H query heads of the baseline's width; KV heads, W_O and MLP as the baseline's
         "diffv2": lambda: DiffV2Config(**{**kwargs, "num_attention_heads": 2 * preset.num_heads, "head_dim": preset.hidden_size // preset.num_heads}),
+        "gated": lambda: GatedConfig(**kwargs),
+        "sink": lambda: SinkConfig(**kwargs),
     }
     return {kind: build[kind]() for kind in kinds}
 
@@ -127,9 +143,15 @@ def check_seed(seed: int, what: str = "seed") -> None:
 
 
 def build_model(config: ModelConfig, seed: int = 0, attn_implementation: str = "sdpa") -> PreTrainedModel:
-    """A freshly initialised model; `config` is deep-copied because `_from_config` mutates it."""
+    """A freshly initialised model; `config` is deep-copied because `_from_config` mutates it.
+
+    A kind whose attention SDPA cannot compute (the sink kind: SDPA would drop its sink logits) is built on eager
+    attention when SDPA is asked for: the same model, computed exactly."""
+    cls = _MODEL_CLASSES[type(config)]
+    if attn_implementation == "sdpa" and not cls._supports_sdpa:
+        attn_implementation = "eager"
     torch.manual_seed(seed)
-    return _MODEL_CLASSES[type(config)]._from_config(copy.deepcopy(config), attn_implementation=attn_implementation)
+    return cls._from_config(copy.deepcopy(config), attn_implementation=attn_implementation)
 
 
 def build_pair(preset: SizePreset, seed: int = 0, attn_implementation: str = "sdpa", kinds: tuple[str, ...] = KINDS) -> dict[str, PreTrainedModel]:
@@ -143,6 +165,12 @@ def build_pair(preset: SizePreset, seed: int = 0, attn_implementation: str = "sd
 def lambda_parameter_count(model: PreTrainedModel) -> int:
     """Parameters of λ: DiffLlama's four vectors per layer, DIFF V2's projection W_λ."""
     return sum(p.numel() for n, p in model.named_parameters() if any(part.startswith("lambda_") for part in n.split(".")))
+
+
+def added_parameter_count(model: PreTrainedModel) -> int:
+    """Parameters a kind adds to softmax attention: λ (DiffLlama, DIFF V2's W_λ), the gated kind's output gate, sink
+    logits (the sink kind, GPT-OSS); 0 for standard attention. (DIFF V2's second query heads live in q_proj.)"""
+    return sum(p.numel() for n, p in model.named_parameters() if any(part.startswith(ADDED_PARAMETER_PREFIXES) for part in n.split(".")))
 
 
 def parameter_count(model: PreTrainedModel) -> int:

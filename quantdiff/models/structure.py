@@ -5,7 +5,9 @@ Which modules are attention modules and decoder layers comes from the model clas
 never from class-name suffixes or projection names, so fused-QKV families (Phi-3 `qkv_proj`, GPT-2
 `c_attn`, GPT-NeoX `query_key_value`) are found like any other. Differential attention is known by model type:
 DiffLlama pairs heads i and i + H/2 (maps 1 and 2) with one λ per layer; DIFF V2 pairs heads 2i and 2i + 1 (one
-GQA group) with a λ per token and per pair, sigmoid of its attention module's `lambda_proj` of the input.
+GQA group) with a λ per token and per pair, sigmoid of its attention module's `lambda_proj` of the input. quantdiff's
+gated and sink kinds are softmax attention with something added (an output gate, a sink logit): their heads do
+not pair, and their kind is read from their model type.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from torch import nn
 
 from quantdiff.core.errors import LoadError
 from quantdiff.models.diffv2 import MODEL_TYPE as DIFFV2_MODEL_TYPE
+from quantdiff.models.gated import MODEL_TYPE as GATED_MODEL_TYPE
+from quantdiff.models.sink import MODEL_TYPE as SINK_MODEL_TYPE
 
 # Model types whose attention is differential, softmax(Q1K1ᵀ) − λ·softmax(Q2K2ᵀ), and how their heads pair:
 # "halves" (head i with i + H/2, one λ per layer) or "adjacent" (head 2i with 2i + 1, λ per token and pair).
 HEAD_PAIRING = {"diffllama": "halves", DIFFV2_MODEL_TYPE: "adjacent"}
 DIFFERENTIAL_MODEL_TYPES = frozenset(HEAD_PAIRING)
+UNPAIRED_KINDS = {GATED_MODEL_TYPE: "gated", SINK_MODEL_TYPE: "sink"}  # quantdiff's kinds with standard head maps
 
 
 def _recorders(model: nn.Module, key: str) -> list[tuple[type | str, str | None]]:
@@ -86,8 +91,12 @@ def head_pairing(model_or_config) -> str | None:
 
 
 def attention_kind(model_or_config) -> str:
-    """"standard", "diff" (DiffLlama) or "diffv2": the model kinds of `models.pairs`."""
-    return {"halves": "diff", "adjacent": "diffv2"}.get(head_pairing(model_or_config), "standard")
+    """"standard", "diff" (DiffLlama), "diffv2", "gated" or "sink": the model kinds of `models.pairs`."""
+    pairing = head_pairing(model_or_config)
+    if pairing is not None:
+        return {"halves": "diff", "adjacent": "diffv2"}[pairing]
+    config = getattr(model_or_config, "config", model_or_config)
+    return UNPAIRED_KINDS.get(getattr(config, "model_type", None), "standard")
 
 
 def kind_of_head_maps(maps: list[int] | None) -> str:

@@ -5,7 +5,7 @@
      "quantile_definition": "...",
      "data": {"source", "tokens", "seq_len", "batch_size", "k", "tile_size", "world_size"},
      "models": [                                    # one entry per model, in command-line order
-       {"name", "path", "kind": "standard"|"diff"|"diffv2", "layers", "heads", "hidden_size", "tokens", "sequences",
+       {"name", "path", "kind": "standard"|"diff"|"diffv2"|"gated"|"sink", "layers", "heads", "hidden_size", "tokens", "sequences",
         "attention_logits": BLOCK + {"per_layer": [BLOCK], "per_head": [[BLOCK]], "per_map": {"1": BLOCK, "2": BLOCK}},
         "hidden_states": BLOCK + {"per_layer": [BLOCK],
                                   "massive_activation": {"value", "layer", "sequence", "position", "channel",
@@ -42,12 +42,14 @@ QUANTILE_DEFINITION = (
 )
 
 
-def model_entry(name: str, path: str, stats: ModelStats) -> dict:
-    """One element of the document's `models`: what the model is, then `stats.summary()`."""
+def model_entry(name: str, path: str, stats: ModelStats, kind: str | None = None) -> dict:
+    """One element of the document's `models`: what the model is, then `stats.summary()`. `kind`: the model's
+    (`structure.attention_kind`); None reads what the statistics tell (the gated and sink kinds then read as
+    standard: their heads do not pair)."""
     return {
         "name": name,
         "path": path,
-        "kind": _kind(stats),
+        "kind": kind or _kind(stats),
         "layers": stats.layers,
         "heads": stats.heads,
         "hidden_size": stats.hidden_size,

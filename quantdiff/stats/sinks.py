@@ -1,9 +1,11 @@
 """Attention sinks: how much attention each head puts on the first position, measured tile by tile.
 
-For every query row the observer keeps the running max and sum of exp(logit − max) over the valid keys
-(the online-softmax state, so the T×T map is never built) and the logit at key position 0 (−∞ for a row
-that cannot see it: a sliding window, padding); once all
-tiles of a layer are seen, the attention mass on position 0 is exp(l0 − m) / s. Per (layer, head) it
+For every query row the observer keeps the running max and sum of exp(x − max) over the valid keys, x the softmax
+input (the logit, soft-capped and with any additive mask, as the model's softmax sees it), with a model's sink
+logit per head (GPT-OSS, the sink kind) counted in every row (the online-softmax state, so the T×T map is never
+built), and the softmax input at key position 0 (−∞ for a row that cannot see it: a sliding window, padding);
+once all tiles of a layer are seen, the attention mass on position 0 is exp(x0 − m) / s: the true probability,
+the sink's share left out of it as the model leaves it out of its output. Per (layer, head) it
 accumulates the sum of that mass over valid query rows (padding excluded), in fixed point (units of 2⁻³²,
 int64), and their count: integer sums merge exactly in any order, across batches and processes.
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quantdiff.attention.backend import TileContext
+from quantdiff.attention.backend import TileContext, softmax_input
 from quantdiff.core.errors import ConfigError
 from quantdiff.models.structure import map_heads
 
@@ -57,18 +59,22 @@ class SinkStats:
         self._lambda[layer] = lam
 
     def on_tile(self, logits: torch.Tensor, ctx: TileContext) -> None:
-        """Fold one logits tile (B, H, rows, cols) into the running row state of its layer."""
+        """Fold one logits tile (B, H, rows, cols) into the running row state of its layer.
+
+        The state is that of the softmax the model computes: over the tile as it enters softmax (soft-capped, plus
+        any additive mask), and with a sink logit per head (`ctx.sinks`: GPT-OSS, the sink kind) in every row's
+        sum from the start, so a row's masses on the keys add up to 1 − its sink's mass."""
         b, h, rows, _ = logits.shape
+        masked = softmax_input(logits.float(), ctx).masked_fill(~ctx.valid, -math.inf)  # the one tile-sized copy
         if ctx.k_start == 0:  # the first tile of a layer's call: every query row starts here (q_start = 0)
             full = (b, h, rows)
-            self._rows[ctx.layer_idx] = (
-                torch.full(full, -math.inf, device=logits.device),
-                torch.zeros(full, device=logits.device),
-                # a row that cannot see key 0 (a sliding window, left padding) puts no mass there
-                logits[..., 0].float().masked_fill(~ctx.valid[..., 0], -math.inf),
-            )
+            if ctx.sinks is None:
+                m, s = torch.full(full, -math.inf, device=logits.device), torch.zeros(full, device=logits.device)
+            else:  # the sink is one more logit of every row: the running max starts at it, the sum at exp(0)
+                m, s = ctx.sinks.to(logits.device).view(1, h, 1).expand(full).clone(), torch.ones(full, device=logits.device)
+            # a row that cannot see key 0 (a sliding window, left padding) has −∞ there: no mass
+            self._rows[ctx.layer_idx] = (m, s, masked[..., 0].clone())
         m, s, _ = self._rows[ctx.layer_idx]
-        masked = logits.float().masked_fill(~ctx.valid, -math.inf)  # the one tile-sized copy: reused in place below
         q = slice(ctx.q_start, ctx.q_start + rows)
         m_new = torch.maximum(m[:, :, q], masked.amax(dim=-1))
         safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)

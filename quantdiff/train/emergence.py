@@ -1,7 +1,7 @@
 """Outlier emergence during training: every arm measured on the same fixed held-out sequences.
 
 At every eval step each model is switched to the quantdiff backend (which computes logits tile by tile
-and lets the statistics observe them), measured, and switched back to SDPA for training. The entry
+and lets the statistics observe them), measured, and switched back to the attention it trains on. The entry
 keeps the paper's Table-5 numbers (Top-1, median, kurtosis of |attention logits| and |hidden states|),
 where the largest hidden value sits (massive activations sit at the first token), the attention-sink
 score (share of heads whose mean attention to position 0 exceeds ε) and LLM.int8's outlier features.
@@ -35,8 +35,9 @@ def _activation(summary: dict, location: tuple[str, ...]) -> dict:
 
 
 @torch.no_grad()
-def measure(model: torch.nn.Module, batches: list[Batch], step: int, tokens: int, train_attention: str = "sdpa") -> dict:
-    """One emergence entry of `model` (left in training mode on `train_attention` afterwards)."""
+def measure(model: torch.nn.Module, batches: list[Batch], step: int, tokens: int) -> dict:
+    """One emergence entry of `model` (left in training mode on the attention implementation it came with)."""
+    train_attention = model.config._attn_implementation  # SDPA, or eager for the sink kind (SDPA would drop its sinks)
     prepare(model)
     try:
         stats = collect_stats(model, batches, k=TOP_K)

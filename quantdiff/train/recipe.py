@@ -1,9 +1,9 @@
 """Recipes: one TOML file says how a matched set of models (the arms) is trained and analysed.
 
 `[[arms]]` tables list the models trained side by side on identical batches: each names its directory
-(`name`), its architecture (`kind`: standard, diff, diffv2) and its optimizer (`adamw`, the default, or `sgd`
-with `momentum`: the sink papers' negative control), with an optional `lr` and `weight_decay` of its own (the
-schedule's shape stays the recipe's). Without `[[arms]]` a recipe trains the standard/Diff pair.
+(`name`), its architecture (`kind`: standard, diff, diffv2, gated, sink — models.pairs.ALL_KINDS) and its optimizer
+(`adamw`, the default, or `sgd` with `momentum`: the sink papers' negative control), with an optional `lr` and
+`weight_decay` of its own (the schedule's shape stays the recipe's). Without `[[arms]]` a recipe trains the standard/Diff pair.
 
 Each section becomes one frozen dataclass; an unknown key is a ConfigError naming it, so a typo can never
 silently fall back to a default. `load_recipe("tiny")` finds a recipe by name in the repository's

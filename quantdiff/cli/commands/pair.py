@@ -1,4 +1,4 @@
-"""`quantdiff pair OUT`: write an untrained, randomly initialised matched standard/Diff pair (and DIFF V2)."""
+"""`quantdiff pair OUT`: write an untrained, randomly initialised matched standard/Diff pair (and DIFF V2, gated, sink)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,17 @@ def pair(
     seed: Annotated[int, typer.Option(help="Initialisation seed (the same for both kinds).")] = 0,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
     diffv2: Annotated[bool, typer.Option("--diffv2", help="Also write OUT/diffv2: DIFF Transformer V2 of the same sizes (2·heads query heads).")] = False,
+    gated: Annotated[bool, typer.Option("--gated", help="Also write OUT/gated: the standard model with a head-wise sigmoid gate on each head's output (Qiu et al.'s G1).")] = False,
+    sink: Annotated[bool, typer.Option("--sink", help="Also write OUT/sink: the standard model with a learned sink logit per head (GPT-OSS's sinks).")] = False,
 ) -> None:
-    """Build an UNTRAINED matched pair (same config; parameter counts differ only by the λ vectors)."""
+    """Build an UNTRAINED matched pair (same config; parameter counts differ only by the λ vectors), and the other
+    kinds asked for; each count is printed with its difference from the standard model's."""
     from quantdiff.report.console import line_console
 
     from quantdiff.cli.validate import check_positive
     from quantdiff.core.errors import ConfigError
     from quantdiff.core.savedir import check_target, save_pair
-    from quantdiff.models.pairs import ALL_KINDS, KINDS, SizePreset, build_pair, check_seed, lambda_parameter_count, parameter_count
+    from quantdiff.models.pairs import KINDS, SizePreset, added_parameter_count, build_pair, check_seed, parameter_count
 
     check_positive(hidden_size=hidden_size, layers=layers, heads=heads, vocab_size=vocab_size, context=context)
     if kv_heads < 0:
@@ -34,9 +37,13 @@ def pair(
     check_seed(seed, "--seed")
     check_target(out, force, flag="OUT", kind="pair")
     preset = SizePreset(hidden_size, layers, heads, kv_heads or None, None, vocab_size, context)
-    models = build_pair(preset, seed=seed, kinds=ALL_KINDS if diffv2 else KINDS)
+    extra = tuple(kind for kind, wanted in (("diffv2", diffv2), ("gated", gated), ("sink", sink)) if wanted)
+    models = build_pair(preset, seed=seed, kinds=KINDS + extra)
     save_pair(models, out, force=force)
     console = line_console()
+    standard = parameter_count(models["standard"])
     for kind, model in models.items():
-        console.print(f"{kind}: {parameter_count(model):,} parameters ({lambda_parameter_count(model):,} λ) -> {out / kind}")
+        count = parameter_count(model)
+        versus = "" if kind == "standard" else f"{count - standard:+,} vs standard, "
+        console.print(f"{kind}: {count:,} parameters ({versus}{added_parameter_count(model):,} λ/gate/sink) -> {out / kind}")
     console.print("[yellow]untrained: random weights, for trying the tools, not for conclusions[/yellow]")

@@ -106,7 +106,7 @@ def cache(tmp_path, monkeypatch):
 def test_cached_directory_is_reused_and_a_broken_one_rebuilt(smollm2_dir, cache, monkeypatch):
     shutil.copytree(smollm2_dir, cache / smollm2_dir.name)
     converted = []
-    monkeypatch.setattr(gguf_model, "convert", lambda path, out, sha256: converted.append(out))
+    monkeypatch.setattr(gguf_model, "convert", lambda path, out, sha256: converted.append(out) or out)
     assert resolve("smollm2") == [cache / smollm2_dir.name] and converted == []  # reused: not converted again
     weights = cache / smollm2_dir.name / "model.safetensors"
     with weights.open("r+b") as f:

@@ -35,6 +35,25 @@ def quantdiff_section(config: dict) -> dict | None:
     return qc.get("quantdiff") if isinstance(qc.get("quantdiff"), dict) else None
 
 
+def quantization_format(path: str | Path) -> str | None:
+    """How the model directory `path` is quantized, in words ('quantdiff absmax 4-bit', 'bitsandbytes nf4',
+    'gptq'), or None for an unquantized one (no quantization_config in its config.json)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    qc = config.get("quantization_config") if isinstance(config, dict) else None
+    if not isinstance(qc, dict):
+        return None
+    section = quantdiff_section(config)
+    if section is not None:
+        return f"quantdiff {section.get('method')} {section.get('bits')}-bit"
+    method = str(qc.get("quant_method", "unknown"))
+    if method == "bitsandbytes":
+        return f"bitsandbytes {qc.get('bnb_4bit_quant_type', 'nf4')}" if qc.get("load_in_4bit") else "bitsandbytes llm-int8"
+    return method
+
+
 def is_quantdiff_checkpoint(path: str | Path) -> bool:
     file = Path(path) / "config.json"
     try:

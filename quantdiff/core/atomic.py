@@ -242,6 +242,7 @@ def writable_target(path: str | Path, force: bool | None = None, flag: str = "ou
     so is a name too long to write through a temporary. With `force` given: an existing file quantdiff did not
     write is refused unless `force` is true (`core.owned`)."""
     path = Path(path)
+    check_name_length(path.name, f"{flag} file name")  # before the file system is asked (it would say 'File name too long')
     real = followed(path)
     if real.is_dir():
         raise ConfigError(f"output path is a directory: {path}")

@@ -66,6 +66,7 @@ def check_target(out: str | Path, force: bool, sources: Iterable[str | Path] = (
     named = Path(out)
     if named.name in ("", ".", ".."):
         raise ConfigError(f"{flag} must name the directory to write, not {str(named)!r} (an empty name is the current directory)")
+    check_name_length(named.name, f"{flag} name")  # before the file system is asked (it would say 'File name too long')
     out = real_target(named)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{flag} exists and is not a directory: {named}")

@@ -4,6 +4,7 @@ loss, group-wise exports of any (bits, G, width) reload bit for bit, and task si
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from quantdiff.quant import export as export_module  # noqa: E402
 from quantdiff.quant.formats import AbsmaxExport  # noqa: E402
 from quantdiff.report.sweep_report import plot_sweep  # noqa: E402
 from test_bad_input import tree_hashes  # noqa: E402
+from test_bigram_backcopy import MICRO as BB_MICRO  # noqa: E402
 
 SOURCE = ASSETS / "tiny" / "diff"
 TEXT = "It is a truth universally acknowledged, that a single man in possession of a good fortune. " * 8
@@ -352,29 +354,9 @@ def test_the_longest_accepted_name_is_written(tmp_path):
 
 # ---- 5. training: stops on a non-finite loss, keeps the last finite checkpoint; OUT is a directory of its own ---
 
-MICRO = """
-[data]
-corpus = "bigram-backcopy"
-retrieval_fraction = 0.0
-[model]
-hidden_size = 32
-num_layers = 1
-num_heads = 4
-vocab_size = 83
-max_position_embeddings = 32
-[train]
-steps = 6
-batch_size = 2
-seq_len = 16
-warmup_steps = 1
-bos = true
-device = "cpu"
-checkpoint_every = 2
-eval_every = 100
-outlier_sequences = 0
-[tasks]
-lm_tokens = 64
-"""
+# The bigram-backcopy test recipe (no corpus, no tokenizer training), with the standard/Diff pair, six steps.
+MICRO = (BB_MICRO.split("[[arms]]")[0].replace("steps = 4", "steps = 6").replace("eval_every = 2", "eval_every = 100")
+         .replace("outlier_sequences = 2", "outlier_sequences = 0"))
 
 
 def test_a_non_finite_loss_stops_training_and_keeps_the_last_finite_checkpoint(tmp_path, capsys, monkeypatch):
@@ -427,7 +409,22 @@ def test_a_failing_training_run_prints_only_its_error_line(tmp_path, capsys, set
 def test_train_force_into_a_pair_directory_is_refused(tmp_path, capsys):
     """A pair holds standard, diff and diffv2: retraining two of them would leave a mixed directory."""
     _runs(["pair", tmp_path / "P", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "83", "--diffv2"])
+    capsys.readouterr()
     (tmp_path / "r.toml").write_text(MICRO)
     before = tree_hashes(tmp_path)
     assert "is a quantdiff pair directory" in _fails(capsys, ["train", tmp_path / "r.toml", "--out", tmp_path / "P", "--force"])
     assert tree_hashes(tmp_path) == before
+
+
+def test_the_real_model_section_fits_a_small_model(tmp_path):
+    """`reproduce --real-model` on a model 128 wide with 256 positions: the 128-group weight format spans whole
+    rows, and windows longer than the positions are cut to them (both crashed the whole report before)."""
+    from rich.console import Console
+
+    from quantdiff.jobs.real_model import RealModelPlan, run_real_model
+
+    plan = RealModelPlan(stats_tokens=64, seq_len=300, windows=1, context=300, methods=("absmax",), bits=(8,), sites=("linear",))
+    section = run_real_model("tiny/diff", tmp_path, "cpu", Console(file=io.StringIO()), plan)
+    doc = json.loads((tmp_path / "real_model.json").read_text())
+    assert "not measured" not in section and doc["plan"]["seq_len"] == doc["plan"]["context"] == 256
+    assert [row["granularity"] for row in doc["weight_only"]] == ["per-output-channel", "group-128", "blockwise-64"]

@@ -166,6 +166,7 @@ def convert(path: Path, out: Path, sha256: str) -> Path:
 
     A private copy is converted, and the entry is named by the hash of exactly its bytes: `out` (the entry of
     `sha256`), or — when the file changed since it was hashed — the entry of what it holds now."""
+    gguf_facts(path)  # a header refused as it stands costs no copy (the copy is what is read, and checked, below)
     with cache_problems(out):
         check_cache_entry(out)
         with private_copy(path) as (copy, digest):

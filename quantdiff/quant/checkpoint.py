@@ -76,7 +76,7 @@ def load_quantized(
     recorded attention quantization is re-applied. Their handles are in `model.quantdiff_handles`.
     Only model.safetensors is read: pickled files beside it are never opened.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     path = loading.check_model_dir(path)
     section = quantdiff_section(json.loads((path / "config.json").read_text()))
@@ -91,7 +91,7 @@ def load_quantized(
     if stored_section is None or json.loads(stored_section) != section:
         raise LoadError(f"{file} does not belong to this config.json (its quantization metadata differs)")
 
-    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    config = loading.load_config(path)  # its sizes and transformers' validation as one line, never a raw exception
     del config.quantization_config  # the skeleton is a plain float model; we decode the weights ourselves
     stored_dtype = getattr(torch, str(section.get("dtype", "float32")), None)
     if not isinstance(stored_dtype, torch.dtype) or not stored_dtype.is_floating_point:

@@ -1,38 +1,58 @@
-"""The public Python API behind `quantdiff.<name>`: the same model names as the CLI, errors naming parameters."""
+"""The public Python API behind `quantdiff.<name>`: the same model names as the CLI, errors naming parameters.
+
+Every argument is checked at this boundary (`api_checks`) with the CLI's own checks, so every failure is a
+`QuantdiffError` with a one-line message."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
 
-from quantdiff.core.errors import LoadError
+from quantdiff import api_checks as check
+from quantdiff.core.device import resolve_device
+from quantdiff.core.errors import ConfigError, LoadError
+from quantdiff.core.memory import check_fits
 from quantdiff.data.sources import Batch, make_batches
 from quantdiff.models import loading
 from quantdiff.models.names import resolve
-from quantdiff.quant import checkpoint, export
-from quantdiff.quant.formats import ExportFormat
+from quantdiff.quant import checkpoint, export, sites
+from quantdiff.quant.formats import AbsmaxExport, Bnb4bitExport, ExportFormat, LLMInt8Export
 from quantdiff.stats.collect import DEFAULT_K
 from quantdiff.stats.collect import collect_stats as collect_batches
 from quantdiff.stats.model_stats import ModelStats
 
+LOAD_KEYWORDS = ("device_map", "tile_size", "trust_remote_code")
+EXPORT_KEYWORDS = ("include_lm_head", "force", "attention", "allow_partial", "trust_remote_code")
+
 
 def _one_model(model: str | Path) -> Path:
-    paths = resolve(model)
+    paths = resolve(check.model_name(model))
     if len(paths) != 1:
         raise LoadError(f"model={str(model)!r} names {len(paths)} models; load one at a time (e.g. {model}/diff)")
     return paths[0]
 
 
-def load(model: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None, **kwargs) -> nn.Module:
+def load(model: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | str | None = None, **kwargs: Any) -> nn.Module:
     """A built-in name ('tiny/diff', 'smollm2'), a local model directory, a GGUF file (its dequantized copy), a
     hub id or a quantdiff export, on the quantdiff backend.
 
-    device: default CUDA when present, else CPU; other keywords (`device_map`, `tile_size`) as `checkpoint.load`.
+    device: default CUDA when present, else CPU; dtype: a floating torch.dtype or its name ('bfloat16'); other
+    keywords (`device_map`, `tile_size` (None or 0: one tile), `trust_remote_code`) as `checkpoint.load`.
     """
-    return checkpoint.load(_one_model(model), device=device, dtype=dtype, **kwargs)
+    check.known_keywords(kwargs, LOAD_KEYWORDS, "load")
+    if "tile_size" in kwargs:
+        kwargs["tile_size"] = check.tile_size(kwargs["tile_size"])
+    if "trust_remote_code" in kwargs:
+        check.flag(kwargs["trust_remote_code"], "trust_remote_code")
+    check.model_name(model)
+    wanted = check.dtype(dtype)
+    if kwargs.get("device_map") is None:
+        resolve_device(device, "device")  # before anything is resolved or loaded
+    return checkpoint.load(_one_model(model), device=device, dtype=wanted, **kwargs)
 
 
 def load_tokenizer(model: str | Path):
@@ -49,17 +69,58 @@ def collect_stats(
 ) -> ModelStats:
     """Attention-logit and hidden-state statistics of `model` over `data`: token ids (B, T) (or (T,)) cut into
     batches of `batch_size` rows, or ready `Batch`es. The result is what `quantdiff stats --json` writes
-    (`ModelStats.summary()`), and merges exactly with statistics of other data."""
+    (`ModelStats.summary()`), and merges exactly with statistics of other data. Empty data, ids outside the
+    vocabulary and sequences longer than the model's positions are refused."""
+    check.quantdiff_model(model)
+    check.positive_int(k, "k")
+    check.positive_int(batch_size, "batch_size")
+    if compile is not None:
+        check.flag(compile, "compile")
+    config = model.config
+    layers, heads = getattr(config, "num_hidden_layers", 1), getattr(config, "num_attention_heads", 1)
+    check_fits(ModelStats.topk_bytes(layers, heads, k), f"k={k:,}")  # as `quantdiff stats --top-k`
     if isinstance(data, torch.Tensor):
-        if data.dim() not in (1, 2) or data.numel() == 0 or data.is_floating_point():
-            raise ValueError(f"data must be integer token ids of shape (T,) or (B, T), got {tuple(data.shape)} {data.dtype}")
-        rows = data.view(1, -1) if data.dim() == 1 else data
-        data = make_batches(rows.tolist(), batch_size)
+        data = make_batches(check.token_ids(data, model).tolist(), batch_size)
+    else:
+        check.batches(data, model)
     return collect_batches(model, data, k, compile=compile)
 
 
-def export_quantized(model: str | Path, out: str | Path, fmt: ExportFormat, **kwargs) -> export.ExportSummary:
+def _config(config: Any) -> sites.QuantConfig | None:
+    if config is not None and not isinstance(config, sites.QuantConfig):
+        raise ConfigError(f"config must be a QuantConfig (quantdiff.parse_config(method, bits, site)) or None, got {check.kind_of(config)}")
+    return config
+
+
+@contextmanager
+def quantized(model: nn.Module, config: sites.QuantConfig | None, allow_partial: bool = False) -> Iterator[nn.Module]:
+    """`model` quantized as `config` says inside the block (see `quant.sites.quantized`)."""
+    check.quantdiff_model(model)
+    check.flag(allow_partial, "allow_partial")
+    with sites.quantized(model, _config(config), allow_partial) as inside:
+        yield inside
+
+
+def apply_quantization(model: nn.Module, config: sites.QuantConfig | None) -> sites.QuantizationHandle:
+    """Fake-quantize `model` in place as `config` says until the handle's `remove()` (see `quant.sites`)."""
+    check.quantdiff_model(model)
+    return sites.apply_quantization(model, _config(config))
+
+
+def export_quantized(model: str | Path, out: str | Path, fmt: ExportFormat, **kwargs: Any) -> export.ExportSummary:
     """Quantize a model's linear weights and write a model directory at `out` (see `quant.export`)."""
-    return export.export_quantized(_one_model(model), out, fmt, **kwargs)
+    from quantdiff.core.savedir import check_target
+    from quantdiff.models.inputs import model_inputs
 
-
+    check.known_keywords(kwargs, EXPORT_KEYWORDS, "export_quantized")
+    for name in ("include_lm_head", "force", "allow_partial", "trust_remote_code"):
+        if name in kwargs:
+            check.flag(kwargs[name], name)
+    if "attention" in kwargs:
+        _config(kwargs["attention"])
+    if not isinstance(fmt, (AbsmaxExport, LLMInt8Export, Bnb4bitExport)):
+        raise ConfigError(f"fmt must be an export format (quantdiff.parse_export(method, bits)), got {check.kind_of(fmt)}")
+    check.model_name(out, "out", "a directory path")
+    source = _one_model(model)
+    check_target(out, kwargs.get("force", False), model_inputs([model], [source]), flag="out", kind="export")
+    return export.export_quantized(source, out, fmt, **kwargs)

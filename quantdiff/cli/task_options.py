@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from quantdiff.core.atomic import writable_target
+from quantdiff.core.atomic import STDOUT, writable_target
 from quantdiff.core.errors import ConfigError
 from quantdiff.data.sources import check_data_file
 from quantdiff.eval.tasks.registry import Task, make_task
@@ -28,6 +28,7 @@ def make_cli_task(name: str, batch_size: int, **given: object) -> Task:
     data, context, depth, needles = (given.get(k) for k in ("data", "context", "depth", "needles"))
     if data is not None:
         check_data_file(data)
+        given["data"] = Path(data)
     if context is not None and context < 2:
         raise ConfigError(f"--context must be at least 2 tokens, got {context}")
     if depth is not None and not 0.0 <= depth <= 1.0:
@@ -41,13 +42,18 @@ def make_cli_task(name: str, batch_size: int, **given: object) -> Task:
     return make_task(name, batch_size=batch_size, **{fields[flag]: value for flag, value in given.items() if flag in fields})
 
 
-def check_output(path: Path | None, suffixes: Sequence[str] | None) -> None:
-    """Fail before any work if an output path cannot be written as asked."""
+def check_output(path: Path | None, suffixes: Sequence[str] | None, force: bool = False, flag: str = "output") -> None:
+    """Fail before any work if an output file cannot be written as asked (`suffixes`: None = any; a `--json`
+    of '-' is stdout); an existing file must be quantdiff's, or `force` given."""
     if path is None:
         return
-    writable_target(path)
+    if str(path) == STDOUT:
+        if suffixes is not None:
+            raise ConfigError(f"{flag} writes a file: '-' (stdout) is for --json only")
+        return
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise ConfigError(f"{path}: use one of {', '.join(suffixes)}")
+    writable_target(path, force, flag)
 
 
 def check_limit(limit: int | None) -> None:

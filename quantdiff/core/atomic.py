@@ -1,10 +1,15 @@
 """Atomic file writes: readers see the old file or the complete new one, never a half-written one.
 
-Temporaries are hidden siblings named `.<target>.tmp-<random>` (or `.old-<random>` for a directory being
+Temporaries are hidden siblings named `.<target>.tmp-<16 hex digits>` (or `.old-…` for a directory being
 replaced). Before creating one, the process records its path in a registry file of its own (under
 $XDG_STATE_HOME/quantdiff/temporaries, named by pid and start time). A process killed before its rename leaves
 the temporary behind; the next write removes the recorded paths of processes that no longer run, and nothing
-else: a file that merely looks like a temporary is never touched.
+else: a file that merely looks like a temporary is never touched, and a recorded path is removed only if its
+name has exactly that pattern and its directory is reached without a symlink (a registry file listing other
+paths deletes nothing).
+
+What a write replaces is checked again at the moment of the rename: something that appeared meanwhile and may
+not be replaced is left alone, and the new output stays under its temporary name, which the error names.
 """
 
 from __future__ import annotations
@@ -14,16 +19,35 @@ import errno
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import signal
 import socket
 import stat
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 from quantdiff.core.errors import ConfigError, DiskFullError, QuantdiffError
+from quantdiff.core.owned import check_replaceable
+
+RANDOM_DIGITS = 16  # hex digits of a temporary's random part
+# `.<target>.<role>-<random>[<suffix>]`: the only names the clean-up of a dead process' registry deletes.
+TEMPORARY_NAME = re.compile(rf"^\..+\.(tmp|old)-[0-9a-f]{{{RANDOM_DIGITS}}}(\.[^./]+)?$")
+MAX_NAME_BYTES = 255  # the longest file name Linux, macOS and Windows file systems take
+TEMPORARY_EXTRA_BYTES = len("..tmp-") + RANDOM_DIGITS  # what a temporary name adds to its target's name
+STDOUT = "-"  # a --json path meaning standard output (the convention)
+
+
+class KeptOutput(ConfigError):
+    """Raised when a finished output was kept under its temporary name instead of replacing what appeared."""
+
+    def __init__(self, message: str, kept: Path) -> None:
+        super().__init__(message)
+        self.kept = kept
+
 
 def _start_time(pid: int) -> int | None:
     """The process' start time in clock ticks since boot (Linux), 0 where /proc is absent, None if no such process."""
@@ -66,7 +90,7 @@ def _register(path: Path) -> None:
     """Append `path` to this process' registry (created on first use); a registry that cannot be written only
     means the temporary is not cleaned up after a crash."""
     me = _identity()
-    registry = _registry_dir() / f"{me['pid']}-{me['start']}.paths"
+    registry = _registry_file()
     try:
         registry.parent.mkdir(parents=True, exist_ok=True)
         with open(registry, "a", encoding="utf-8") as f:
@@ -80,9 +104,28 @@ def _register(path: Path) -> None:
         pass
 
 
+def _registry_file() -> Path:
+    me = _identity()
+    return _registry_dir() / f"{me['pid']}-{me['start']}.paths"
+
+
 def _recorded(registry: Path) -> list[Path]:
     lines = registry.read_text(encoding="utf-8").splitlines()
     return [Path(json.loads(line)) for line in lines[1:] if line.strip()]
+
+
+def keep_temporary(path: Path) -> None:
+    """Drop `path` from this process' registry: a temporary kept on purpose (an output that could not be put in
+    place) is never cleaned up as stale. Only this process writes its registry, so a rewrite is safe."""
+    registry = _registry_file()
+    try:
+        lines = registry.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [lines[0]] + [line for line in lines[1:] if line.strip() and Path(json.loads(line)) != path.absolute()]
+        fresh = registry.with_name(registry.name + ".new")
+        fresh.write_text("".join(kept), encoding="utf-8")
+        os.replace(fresh, registry)
+    except (OSError, ValueError, IndexError):
+        pass
 
 
 def _forget_if_clean(registry: Path) -> None:
@@ -98,9 +141,29 @@ def temporary_path(target: str | Path, role: str = "tmp", suffix: str = "") -> P
     """A fresh hidden name beside `target` (`.<name>.<role>-<random><suffix>`), recorded before it is created;
     role "tmp": being written, "old": a replaced directory about to be deleted."""
     target = Path(target)
-    path = target.with_name(f".{target.name}.{role}-{secrets.token_hex(8)}{suffix}")
+    path = target.with_name(f".{target.name}.{role}-{secrets.token_hex(RANDOM_DIGITS // 2)}{suffix}")
     _register(path)
     return path
+
+
+def check_name_length(name: str, what: str) -> None:
+    """Refuse a file or directory name that is too long once written through its temporary (255 bytes in all):
+    the write would fail with 'File name too long' after the work is done."""
+    size = len(os.fsencode(name))
+    if size + TEMPORARY_EXTRA_BYTES > MAX_NAME_BYTES:
+        shown = name if len(name) <= 40 else name[:37] + "..."
+        raise ConfigError(
+            f"{what} {shown!r} is {size} bytes long: names may have at most {MAX_NAME_BYTES - TEMPORARY_EXTRA_BYTES} "
+            f"(quantdiff writes through a temporary name {TEMPORARY_EXTRA_BYTES} bytes longer)"
+        )
+
+
+def is_temporary_name(path: Path) -> bool:
+    """Whether a recorded path may be deleted: absolute, without '..', named exactly like quantdiff's
+    temporaries, in a directory reached without following a symlink (a link could lead anywhere)."""
+    if not path.is_absolute() or ".." in path.parts or not TEMPORARY_NAME.match(path.name):
+        return False
+    return os.path.realpath(path.parent) == str(path.parent)
 
 
 def _gone(writer: dict) -> bool:
@@ -130,7 +193,7 @@ def remove_stale_temporaries() -> list[Path]:
         except (OSError, ValueError, KeyError, IndexError, TypeError):
             continue  # being written right now, or not ours to judge
         for path in paths:
-            if _remove(path):
+            if is_temporary_name(path) and _remove(path):
                 removed.append(path)
         registry.unlink(missing_ok=True)
     return removed
@@ -159,16 +222,36 @@ def default_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~_umask()
 
 
-def writable_target(path: str | Path) -> Path:
-    """The regular file a write to `path` should replace: a symlink's final target; devices, FIFOs, sockets
-    and directories are refused (renaming over them would destroy them, not write to them)."""
+def followed(path: str | Path) -> Path:
+    """A symlink's final target (a dangling link: where it leads, which a write creates); a symlink loop leads
+    nowhere and is refused (replacing it would destroy the link instead of writing anywhere)."""
     path = Path(path)
-    real = Path(os.path.realpath(path)) if path.is_symlink() else path
+    if not path.is_symlink():
+        return path
+    try:
+        return Path(os.path.realpath(path, strict=True))
+    except FileNotFoundError:
+        return Path(os.path.realpath(path))
+    except OSError:
+        raise ConfigError(f"output path {path} is a symlink loop (it leads to no file): refusing to write there") from None
+
+
+def writable_target(path: str | Path, force: bool | None = None, flag: str = "output") -> Path:
+    """The regular file a write to `path` should replace: a symlink's final target; devices, FIFOs, sockets,
+    directories and symlink loops are refused (renaming over them would destroy them, not write to them), and
+    so is a name too long to write through a temporary. With `force` given: an existing file quantdiff did not
+    write is refused unless `force` is true (`core.owned`)."""
+    path = Path(path)
+    check_name_length(path.name, f"{flag} file name")  # before the file system is asked (it would say 'File name too long')
+    real = followed(path)
     if real.is_dir():
         raise ConfigError(f"output path is a directory: {path}")
     if real.exists() and not stat.S_ISREG(real.stat().st_mode):
         raise ConfigError(f"output path is not a regular file (a device, FIFO or socket): {path}")
+    check_name_length(real.name, f"{flag} file name")
     creatable_parent(real, path)
+    if force is not None:
+        check_replaceable(real, force, flag)
     return real
 
 
@@ -202,25 +285,59 @@ def disk_full_as_error(target: Path) -> Iterator[None]:
 
 
 @contextmanager
-def atomic_file(path: str | Path) -> Iterator[Path]:
+def atomic_file(path: str | Path, force: bool = False, flag: str = "output") -> Iterator[Path]:
     """Yield a temporary path beside `path` (same suffix); on success it replaces `path`, on failure it vanishes.
 
     A symlink is written through (its target is replaced, the link stays); the new file keeps the old one's
-    mode, or gets the umask's default.
+    mode, or gets the umask's default. An existing file is replaced only if quantdiff wrote it, or with
+    `force` — checked before and again at the rename (`install_file`).
     """
-    path = writable_target(path)
+    path = writable_target(path, force, flag)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries()
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else default_mode()
     tmp = temporary_path(path.with_name(path.stem), suffix=path.suffix)
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    kept = False
     try:
         with disk_full_as_error(path):
             yield tmp
             os.chmod(tmp, mode)
-            os.replace(tmp, path)
+            install_file(tmp, path, force, flag)
+    except KeptOutput:
+        kept = True
+        raise
     finally:
-        tmp.unlink(missing_ok=True)
+        if not kept:
+            tmp.unlink(missing_ok=True)
+
+
+def refuse_keeping(tmp: Path, reason: str) -> None:
+    """The output cannot be put in place: keep it under its temporary name, which the one error line states."""
+    keep_temporary(tmp)
+    raise KeptOutput(f"{reason}; the new output is kept as {tmp}", tmp)
+
+
+def install_file(tmp: Path, path: Path, force: bool, flag: str = "output") -> None:
+    """Rename `tmp` onto `path`, checking now (not only before the work) what may be replaced: a file that
+    appeared meanwhile, or one quantdiff did not write (without `force`), is left alone and `tmp` kept."""
+    if os.path.lexists(path):
+        try:
+            check_replaceable(followed(path), force, flag)
+        except ConfigError as exc:
+            refuse_keeping(tmp, str(exc))
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)  # fails if anything appeared at `path` since the check: never replaces it
+    except FileExistsError:
+        refuse_keeping(tmp, f"{flag} {path} appeared while quantdiff was writing it: refusing to replace it")
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+            raise
+        os.replace(tmp, path)  # no hard links on this file system: the check above is the last word
+        return
+    os.unlink(tmp)
 
 
 @contextmanager
@@ -260,8 +377,13 @@ def json_text(doc: Any, indent: int | None = 1, **dumps: Any) -> str:
     return json.dumps(json_safe(doc), indent=indent, allow_nan=False, ensure_ascii=False, **dumps) + "\n"
 
 
-def write_json(path: str | Path, doc: Any, indent: int | None = 1, **dumps: Any) -> None:
-    """Write `doc` as strict JSON (non-finite floats become null), atomically."""
+def write_json(path: str | Path, doc: Any, indent: int | None = 1, force: bool = False, **dumps: Any) -> None:
+    """Write `doc` as strict JSON (non-finite floats become null), atomically; `path` "-" writes to stdout.
+    An existing file is replaced only if quantdiff wrote it, or with `force` (`atomic_file`)."""
     text = json_text(doc, indent, **dumps)
-    with atomic_file(path) as tmp:
+    if str(path) == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    with atomic_file(path, force, "--json") as tmp:
         tmp.write_text(text, encoding="utf-8")

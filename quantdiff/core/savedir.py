@@ -3,11 +3,14 @@
 Every directory written here carries a marker file (MARKER: its kind and quantdiff's version). A non-empty
 directory is replaced only with `--force`, only if it carries the marker of the same kind (an export replaces
 an export, never a model, pair or report), and never if it is or holds a model being read. `--out` given as a
-symlink replaces the directory it points to; the link stays.
+symlink replaces the directory it points to; the link stays. The check runs again at the rename: a directory
+that appeared meanwhile, or changed into something that may not be replaced, is left alone and the finished
+output stays under its temporary name, which the error names.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -17,7 +20,18 @@ from typing import Iterable, Iterator
 
 from transformers import PreTrainedModel
 
-from quantdiff.core.atomic import default_mode, disk_full_as_error, remove_stale_temporaries, signals_deferred, temporary_path
+from quantdiff.core.atomic import (
+    KeptOutput,
+    check_name_length,
+    default_mode,
+    disk_full_as_error,
+    followed,
+    keep_temporary,
+    refuse_keeping,
+    remove_stale_temporaries,
+    signals_deferred,
+    temporary_path,
+)
 from quantdiff.core.errors import ConfigError
 from quantdiff.core.outputs import check_outputs
 
@@ -41,9 +55,8 @@ def marked_kind(directory: Path) -> str | None:
 
 
 def real_target(out: str | Path) -> Path:
-    """The directory a write to `out` replaces: a symlink's final target (the link itself stays)."""
-    out = Path(out)
-    return Path(os.path.realpath(out)) if out.is_symlink() else out
+    """The directory a write to `out` replaces: a symlink's final target (the link itself stays; a loop is refused)."""
+    return followed(out)
 
 
 def check_target(out: str | Path, force: bool, sources: Iterable[str | Path] = (), flag: str = "output directory", kind: str = "output") -> None:
@@ -53,9 +66,11 @@ def check_target(out: str | Path, force: bool, sources: Iterable[str | Path] = (
     named = Path(out)
     if named.name in ("", ".", ".."):
         raise ConfigError(f"{flag} must name the directory to write, not {str(named)!r} (an empty name is the current directory)")
+    check_name_length(named.name, f"{flag} name")  # before the file system is asked (it would say 'File name too long')
     out = real_target(named)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{flag} exists and is not a directory: {named}")
+    check_name_length(out.name, f"{flag} name")
     check_outputs({flag: named}, sources, replaced=True)
     if out.is_dir() and any(out.iterdir()):
         if not force:
@@ -76,31 +91,61 @@ def _follow_umask(root: Path) -> None:
 
 
 @contextmanager
-def atomic_dir(out: str | Path, force: bool = False, kind: str = "output", sources: Iterable[str | Path] = ()) -> Iterator[Path]:
+def atomic_dir(
+    out: str | Path, force: bool = False, kind: str = "output", sources: Iterable[str | Path] = (), flag: str = "output directory"
+) -> Iterator[Path]:
     """Yield a temporary directory beside `out` (already marked as `kind`); on success it replaces `out`, on
     failure it vanishes. `sources`: directories being read, which `out` must neither be, hold nor lie in."""
-    check_target(out, force, sources, kind=kind)
+    sources = list(sources)
+    check_target(out, force, sources, flag, kind)
     out = real_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries()
     tmp = temporary_path(out)
     tmp.mkdir(mode=0o700)
+    kept = False
     try:
         with disk_full_as_error(out):
             mark(tmp, kind)
             yield tmp
             _follow_umask(tmp)
             with signals_deferred():  # an interrupt between the two renames would leave neither output
-                if out.exists():
-                    old = temporary_path(out, "old")
-                    out.rename(old)
-                    tmp.rename(out)
-                    shutil.rmtree(old)
-                else:
-                    tmp.rename(out)
+                _install(tmp, out, force, kind, sources, flag)
+    except KeptOutput:
+        kept = True
+        raise
     finally:
-        if tmp.exists():
+        if not kept and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _install(tmp: Path, out: Path, force: bool, kind: str, sources: list, flag: str) -> None:
+    """Put the finished `tmp` in place of `out`, checking `out` again now: what may not be replaced is left
+    alone (and `tmp` kept). Onto nothing or an empty directory, one rename, which the kernel refuses if a
+    non-empty directory or a file appeared; a marked directory of our kind is moved aside first and checked as
+    moved (what the check saw may have been swapped), then deleted."""
+    try:
+        check_target(out, force, sources, flag, kind)
+    except ConfigError as exc:
+        refuse_keeping(tmp, str(exc))
+    old = None
+    if out.is_dir() and any(out.iterdir()):
+        old = temporary_path(out, "old")
+        out.rename(old)
+        if marked_kind(old) != kind:  # not what was checked: put it back untouched
+            old.rename(out)
+            refuse_keeping(tmp, f"{flag} {out} changed while quantdiff was writing it: refusing to replace it")
+    try:
+        tmp.rename(out)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise
+        if old is not None:
+            keep_temporary(old)
+        refuse_keeping(tmp, f"{flag} {out} appeared while quantdiff was writing it: refusing to replace it"
+                       + (f" (the output it replaced is kept as {old})" if old is not None else ""))
+    if old is not None:
+        shutil.rmtree(old)
 
 
 def save_pair(models: dict[str, PreTrainedModel], out: str | Path, force: bool = False) -> None:

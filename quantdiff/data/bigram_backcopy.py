@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.rebuild:
             from quantdiff.core.atomic import write_json
 
-            write_json(TABLE, table_from_corpus(), indent=None)
+            write_json(TABLE, table_from_corpus(), indent=None, force=True)  # the package's own table
         gen = load()
         print(f"{len(gen.chars)} characters, vocabulary {gen.vocab_size}, triggers {[gen.chars[i] for i in gen.triggers]}")
     except DataError as exc:

@@ -61,5 +61,6 @@ def read_jsonl(path: str | Path) -> list[ChoiceItem]:
 
 
 def write_jsonl(items: Sequence[ChoiceItem], path: str | Path) -> None:
-    with atomic_file(path) as tmp:
+    """Write the items (a cache file: replaced whatever it holds)."""
+    with atomic_file(path, force=True) as tmp:
         tmp.write_text("".join(json.dumps(item.to_dict(), ensure_ascii=False) + "\n" for item in items), encoding="utf-8")

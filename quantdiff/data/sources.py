@@ -108,6 +108,8 @@ def _need(tokenize: Tokenize | None, source: str) -> Tokenize:
 
 def check_data_file(path: str | Path, flag: str = "--data") -> None:
     """A data path must be an existing regular file: the reason otherwise (missing, a directory, a device)."""
+    if not str(path).strip():
+        raise DataError(f"{flag} is empty: name a data file")
     path = Path(path)
     if not path.exists():
         raise DataError(f"{flag} file not found: {path}")
@@ -184,9 +186,14 @@ def _jsonl(path: Path, tokenize: Tokenize | None, tokens: int, seq_len: int) -> 
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path} line {number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or not ({"text", "input_ids"} & set(record)):
+        fields = {"text", "input_ids"} & set(record) if isinstance(record, dict) else set()
+        if not fields:
             raise DataError(f"{path} line {number}: expected an object with a 'text' or 'input_ids' field")
-        field = field or ("input_ids" if "input_ids" in record else "text")
+        if len(fields) == 2:
+            raise DataError(f"{path} line {number}: has both 'text' and 'input_ids': give one of them")
+        if field is not None and fields != {field}:
+            raise DataError(f"{path} line {number}: has {next(iter(fields))!r} where the lines before have {field!r}: a file holds one kind")
+        field = field or next(iter(fields))
         value = record.get(field)
         if field == "text" and not isinstance(value, str):
             raise DataError(f"{path} line {number}: 'text' must be a string")

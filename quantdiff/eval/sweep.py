@@ -20,6 +20,7 @@ from quantdiff.eval.scoring import counting_scored_logits
 from quantdiff.eval.tasks.registry import Task
 
 REFERENCE = "reference"
+SWEEP_SCHEMA = "quantdiff.sweep"  # the JSON of `sweep --json` / `eval --json`
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,9 @@ def run_sweep(
 
 
 def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None = None) -> dict[str, Any]:
-    """The cells, and per model where it came from (`models.source.model_source`: None for a plain directory)."""
-    return {"cells": [cell.to_dict() for cell in cells], "sources": sources or {}}
+    """The cells, and per model where it came from (`models.source.model_source`: None for a plain directory);
+    `schema` marks the file as quantdiff's (`core.owned`)."""
+    return {"schema": SWEEP_SCHEMA, "cells": [cell.to_dict() for cell in cells], "sources": sources or {}}
 
 
 def cells_from_json(data: dict[str, Any]) -> list[Cell]:

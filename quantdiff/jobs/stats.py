@@ -12,7 +12,7 @@ from pathlib import Path
 
 import quantdiff.attention.backend as attention
 from quantdiff.data.sources import BUILTIN_CORPUS, BUILTINS, Batch, check_data_file, shard
-from quantdiff.core.atomic import writable_target
+from quantdiff.core.atomic import STDOUT, writable_target
 from quantdiff.core.outputs import check_outputs
 from quantdiff.core.errors import ConfigError, DataError
 from quantdiff.core.device import resolve_device
@@ -38,6 +38,7 @@ class StatsOptions:
     json_path: Path | None = None
     plot_dir: Path | None = None
     compile: bool | None = None  # None: on CUDA only
+    force: bool = False  # replace existing --json / plot files quantdiff did not write
     allow_partial: bool = False  # accept attention modules / decoder layers never reached (recorded as coverage)
     trust_remote_code: bool = False
 
@@ -56,7 +57,9 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
     """Resolve models, read their configs and tokenizers and the data, check outputs: every error before any run."""
     from quantdiff.data.sources import load_sequences, make_batches
     from quantdiff.models.loading import load_config, load_tokenizer
+    from quantdiff.models.inputs import model_inputs
     from quantdiff.models.names import resolve_models
+    from quantdiff.report.stats_report import check_plot_dir
 
     for flag, value in (("--tokens", options.tokens), ("--batch-size", options.batch_size), ("--top-k", options.k), ("--seq-len", options.seq_len)):
         if value is not None and value < 1:
@@ -65,13 +68,16 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
         check_data_file(options.data)
     if options.tile_size is not None and options.tile_size < 1:
         raise ConfigError(f"--tile-size must be positive (0 = no tiling), got {options.tile_size}")
-    if options.json_path is not None:
+    json_file = options.json_path is not None and str(options.json_path) != STDOUT
+    if json_file:
         writable_target(options.json_path)  # not a directory, device, FIFO or socket: refused before any work
-    if options.plot_dir is not None and options.plot_dir.exists() and not options.plot_dir.is_dir():
-        raise ConfigError(f"--plot path exists and is not a directory: {options.plot_dir}")
     named = resolve_models(options.models)  # the same model names as `quantdiff sweep` gives
     data_files = [] if options.data in BUILTINS else [options.data]
-    check_outputs({"--json": options.json_path, "--plot": options.plot_dir}, [path for _, path in named] + data_files)
+    check_outputs({"--json": options.json_path, "--plot": options.plot_dir}, model_inputs(options.models, [p for _, p in named]) + data_files)
+    if json_file:
+        writable_target(options.json_path, options.force, "--json")  # an existing file: quantdiff's, or --force
+    if options.plot_dir is not None:
+        check_plot_dir(options.plot_dir, options.force)
     planned = []
     device = resolve_device(options.device, "--device")
     for name, path in named:
@@ -122,9 +128,11 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
     rank, world = distributed_rank_world()
     planned = plan(options)
+    to_stdout = str(options.json_path) == STDOUT  # the JSON is the output: tables go to stderr, no bars
+    quiet_bars = quiet or to_stdout
     device = resolve_device(options.device, "--device")
     named, entries = [], []
-    with task_bars(quiet or rank != 0, rate_column("tok")) as start:
+    with task_bars(quiet_bars or rank != 0, rate_column("tok")) as start:
         for model in planned:
             batches = shard(model.batches, rank, world)
             advance = start(model.name, sum(b.tokens for b in batches)) if start is not None else None
@@ -150,12 +158,12 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
         "world_size": world,
     })
     if options.json_path is not None:
-        write_json(options.json_path, doc)
+        write_json(options.json_path, doc, force=options.force)
     if options.plot_dir is not None:
-        write_plots(options.plot_dir, named)
+        write_plots(options.plot_dir, named, options.force)
     warn_nonfinite(doc)
     if not quiet:
-        render(doc, per_layer=per_layer)  # its console prints whole rows when piped
+        render(doc, per_layer=per_layer, stderr=to_stdout)  # its console prints whole rows when piped
     return doc
 
 

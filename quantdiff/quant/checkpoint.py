@@ -35,6 +35,25 @@ def quantdiff_section(config: dict) -> dict | None:
     return qc.get("quantdiff") if isinstance(qc.get("quantdiff"), dict) else None
 
 
+def quantization_format(path: str | Path) -> str | None:
+    """How the model directory `path` is quantized, in words ('quantdiff absmax 4-bit', 'bitsandbytes nf4',
+    'gptq'), or None for an unquantized one (no quantization_config in its config.json)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    qc = config.get("quantization_config") if isinstance(config, dict) else None
+    if not isinstance(qc, dict):
+        return None
+    section = quantdiff_section(config)
+    if section is not None:
+        return f"quantdiff {section.get('method')} {section.get('bits')}-bit"
+    method = str(qc.get("quant_method", "unknown"))
+    if method == "bitsandbytes":
+        return f"bitsandbytes {qc.get('bnb_4bit_quant_type', 'nf4')}" if qc.get("load_in_4bit") else "bitsandbytes llm-int8"
+    return method
+
+
 def is_quantdiff_checkpoint(path: str | Path) -> bool:
     file = Path(path) / "config.json"
     try:
@@ -57,7 +76,7 @@ def load_quantized(
     recorded attention quantization is re-applied. Their handles are in `model.quantdiff_handles`.
     Only model.safetensors is read: pickled files beside it are never opened.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     path = loading.check_model_dir(path)
     section = quantdiff_section(json.loads((path / "config.json").read_text()))
@@ -72,7 +91,7 @@ def load_quantized(
     if stored_section is None or json.loads(stored_section) != section:
         raise LoadError(f"{file} does not belong to this config.json (its quantization metadata differs)")
 
-    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    config = loading.load_config(path)  # its sizes and transformers' validation as one line, never a raw exception
     del config.quantization_config  # the skeleton is a plain float model; we decode the weights ourselves
     stored_dtype = getattr(torch, str(section.get("dtype", "float32")), None)
     if not isinstance(stored_dtype, torch.dtype) or not stored_dtype.is_floating_point:

@@ -19,6 +19,7 @@ from quantdiff.core.atomic import json_text, signals_deferred
 from quantdiff.core.savedir import MARKER, atomic_dir, check_target
 from quantdiff.models.loading import PICKLE_SUFFIXES, load
 from quantdiff.models.source import model_source
+from quantdiff.quant.checkpoint import quantization_format
 from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors
 from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets
 
@@ -59,6 +60,9 @@ def export_quantized(
     """
     source, out = Path(source), Path(out)
     check_target(out, force, [source], kind="export")  # before the (slow) load: a refused target costs nothing
+    already = quantization_format(source)
+    if already is not None:  # its linear layers hold codes, not weights: there is nothing left to quantize
+        raise ConfigError(f"{source} is already quantized (format {already}): quantize the unquantized model instead")
     if attention is not None and isinstance(attention.site, LinearSite):
         raise ConfigError("only an attention quantization (site logits or qk) can be recorded with an export")
     model = load(source, device="cpu", trust_remote_code=trust_remote_code)
@@ -87,6 +91,7 @@ def export_quantized(
     quantized_bytes = bf16_bytes = 0
     for fqn, module in targets:
         encoded = fmt.encode(module.weight.detach())
+        _check_decodes(fmt, encoded, module.weight, fqn)
         tensors.update({f"{fqn}.{key}": value.contiguous() for key, value in encoded.items()})
         quantized_bytes += sum(v.numel() * v.element_size() for v in encoded.values())
         bf16_bytes += module.weight.numel() * 2
@@ -107,6 +112,17 @@ def export_quantized(
     source_bytes = sum(f.stat().st_size for f in source.glob("*.safetensors"))
     out_bytes = (out / WEIGHTS_NAME).stat().st_size
     return ExportSummary(out, section, sorted(chosen), skipped, source_bytes, out_bytes, quantized_bytes, bf16_bytes)
+
+
+def _check_decodes(fmt: ExportFormat, encoded: Tensors, weight: torch.Tensor, fqn: str) -> None:
+    """The reload's decoding, run before anything is written: an encoding that does not decode back to the
+    weight's shape never becomes an export (it would fail only when loaded, or under --eval)."""
+    try:
+        decoded = fmt.decode(encoded, weight.shape, weight.dtype)
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise LoadError(f"export check failed: {fqn} does not decode ({' '.join(str(exc).split())})") from None
+    if decoded.shape != weight.shape:
+        raise LoadError(f"export check failed: {fqn} decodes to shape {list(decoded.shape)}, not {list(weight.shape)}")
 
 
 def _tied_to_other(model: nn.Module, targets: list[tuple[str, nn.Linear]]) -> str | None:

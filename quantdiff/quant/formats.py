@@ -65,9 +65,11 @@ class AbsmaxExport:
         # the linear site's weight quantizer (sites.fake_quant_weight)
         if self.group_size is None:
             result = absmax_quantize(weight, self.bits, PerRow())
-        else:
+            scale = result.scale.reshape(weight.shape[0])
+        else:  # (out, groups) even when one group spans the whole width (G ≥ in)
             result = groupwise_absmax_quantize(weight, self.bits, self.group_size)
-        return {"weight_packed": pack_codes(result.codes, self.bits), "weight_scale": result.scale.reshape(weight.shape[0], -1).squeeze(-1)}
+            scale = result.scale.reshape(weight.shape[0], -1)
+        return {"weight_packed": pack_codes(result.codes, self.bits), "weight_scale": scale}
 
     def decode(self, tensors: Tensors, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         codes = unpack_codes(tensors["weight_packed"], self.bits, shape)  # (out, in)

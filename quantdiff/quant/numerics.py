@@ -174,6 +174,7 @@ def groupwise_absmax_quantize(x: torch.Tensor, bits: int, group_size: int) -> Qu
     """
     k = x.shape[-1]
     groups = -(-k // check_group_size(group_size))
+    group_size = min(group_size, max(k, 1))  # a group as wide as the row or wider is the row: never pad past it
     padded = torch.nn.functional.pad(x, (0, groups * group_size - k)).reshape(*x.shape[:-1], groups, group_size)
     result = absmax_quantize(padded, bits, PerRow())  # one group per row of the padded view
     unpad = lambda t: t.reshape(*x.shape[:-1], groups * group_size)[..., :k]  # noqa: E731
@@ -182,7 +183,7 @@ def groupwise_absmax_quantize(x: torch.Tensor, bits: int, group_size: int) -> Qu
 
 def expand_group_scales(scale: torch.Tensor, group_size: int, k: int) -> torch.Tensor:
     """(..., groups) group scales -> (..., k), one per entry: the inverse of the grouping above."""
-    return scale.repeat_interleave(group_size, dim=-1)[..., :k]
+    return scale.repeat_interleave(min(group_size, max(k, 1)), dim=-1)[..., :k]
 
 
 @dataclass(frozen=True)

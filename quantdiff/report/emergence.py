@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from quantdiff.core.owned import plot_metadata
+
 PANELS = (
     ("attention_logits", "top1", "Top-1 attention logit (abs)"),
     ("hidden_states", "top1", "Top-1 hidden state (abs)"),
@@ -59,7 +61,7 @@ def plot_emergence(series: dict[str, list[dict]], path: Path) -> Path:
             ax.axhline(0.0, color="grey", linewidth=0.5)  # Diff's combined mass can dip below 0
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata=plot_metadata())
     plt.close(fig)
     return path
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 import quantdiff.core.atomic as atomic
+from quantdiff.core.owned import check_replaceable, plot_metadata
 import quantdiff.report.paper as paper
 from quantdiff.report.markdown import ACTIVATIONS, table5_row
 from quantdiff.report.numbers import number, ratio
@@ -45,12 +46,12 @@ def warn_nonfinite(doc: dict) -> None:
                 warn(f"{model['name']}: {share:.1%} of {label} were non-finite ({nan:,} NaN, {inf:,} Inf); every statistic excludes them")
 
 
-def render(doc: dict, console=None, per_layer: bool = False) -> None:
+def render(doc: dict, console=None, per_layer: bool = False, stderr: bool = False) -> None:
     """Table 5 layout: rows = activation × model (+ ratio rows first ÷ other), columns Top-1 … Median.
 
     Non-finite activations (excluded from every statistic) get a column (and `warn_nonfinite` a warning line),
     so a table of normal-looking numbers never hides that a share of the values was NaN or Inf.
-    `console`: default, one that prints whole rows when piped.
+    `console`: default, one that prints whole rows when piped (on stderr if `stderr`).
     """
     from rich.table import Table
 
@@ -72,7 +73,7 @@ def render(doc: dict, console=None, per_layer: bool = False) -> None:
             ratios = (ratio(a, b) for a, b in zip(rows[0], row))
             table.add_row("", f"{models[0]['name']}÷{model['name']}", *ratios, *("" for _ in extra), style="dim")
         table.add_section()
-    console = console or table_console(table)
+    console = console or table_console(table, stderr=stderr)
     console.print(table)
     for model in models:
         console.print(massive_line(model["name"], model["hidden_states"]["massive_activation"]), soft_wrap=True)
@@ -127,40 +128,72 @@ def render_per_layer(models: list[dict], key: str, label: str, console) -> None:
     console.print(table)
 
 
-def write_plots(directory: str | Path, named: Sequence[tuple[str, ModelStats]]) -> list[Path]:
+def plot_names() -> list[str]:
+    """The files `write_plots` writes into its directory."""
+    return [f"{kind}_{key}.png" for key in ACTIVATIONS for kind in ("top1_per_layer", "ccdf")]
+
+
+def check_plot_dir(directory: Path, force: bool) -> None:
+    """--plot: a directory (or a path to create) whose plot files, where they exist, quantdiff wrote (or `force`)."""
+    from quantdiff.core.errors import ConfigError
+
+    directory = atomic.followed(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"--plot path exists and is not a directory: {directory}")
+    for name in plot_names():
+        atomic.writable_target(directory / name, force, "--plot")
+
+
+def write_plots(directory: str | Path, named: Sequence[tuple[str, ModelStats]], force: bool = False) -> list[Path]:
     """Per-layer Top-1 bars (one PNG per activation, a bar per model) and |x| CCDFs (one PNG per activation).
 
-    Rendered into a temporary directory first, then moved into `directory`: no partial set on failure.
+    Rendered into a temporary directory first, then moved into `directory` file by file; an existing plot file
+    is replaced only if quantdiff wrote it, or with `force` (checked before rendering and again at each rename).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        from quantdiff.core.errors import ConfigError
-
-        raise ConfigError(f"--plot path exists and is not a directory: {directory}")
+    directory = atomic.followed(Path(directory))
+    check_plot_dir(directory, force)
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     atomic.remove_stale_temporaries()
     tmp = atomic.temporary_path(directory / "plots")
     tmp.mkdir(mode=0o700)
+    installed: list[Path] = []
     try:
         with atomic.disk_full_as_error(directory):
-            return _plot_into(directory, tmp, named, plt)
-    except BaseException:
-        if created:  # no empty directory left behind by a failed run
+            for path in _plot_into(tmp, named, plt):
+                _install_plot(path, directory, force)
+                installed.append(directory / path.name)
+        return installed
+    except BaseException as exc:
+        if created and not isinstance(exc, atomic.KeptOutput):  # no partial set, no empty directory left behind
+            for path in installed:
+                path.unlink(missing_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(directory, ignore_errors=True)
+            try:
+                directory.rmdir()  # only if empty: never what someone put there meanwhile
+            except OSError:
+                pass
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _plot_into(directory: Path, tmp: Path, named: Sequence[tuple[str, ModelStats]], plt) -> list[Path]:
-    """Render every plot into `tmp`, then move them into `directory` (file by file, each atomically)."""
+def _install_plot(path: Path, directory: Path, force: bool) -> None:
+    """Move one rendered plot into `directory` (`atomic.install_file`: what appeared meanwhile is not replaced)."""
+    os.chmod(path, atomic.default_mode())
+    target = atomic.followed(directory / path.name)
+    kept = atomic.temporary_path(target)
+    os.replace(path, kept)  # a registered name: if the install is refused, the error names it and it stays
+    atomic.install_file(kept, target, force, "--plot")
+
+
+def _plot_into(tmp: Path, named: Sequence[tuple[str, ModelStats]], plt) -> list[Path]:
+    """Render every plot into `tmp`; returns their paths."""
     names = []
     for key, label in ACTIVATIONS.items():
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -189,16 +222,11 @@ def _plot_into(directory: Path, tmp: Path, named: Sequence[tuple[str, ModelStats
         if ax.get_legend_handles_labels()[0]:  # no model had a finite value: an empty chart, no matplotlib warning
             ax.legend()
         names.append(_save(fig, tmp / f"ccdf_{key}.png", plt))
-    out = []
-    for path in names:
-        os.chmod(path, atomic.default_mode())
-        os.replace(path, directory / path.name)
-        out.append(directory / path.name)
-    return out
+    return names
 
 
 def _save(fig, path: Path, plt) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata=plot_metadata())
     plt.close(fig)
     return path

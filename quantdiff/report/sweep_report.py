@@ -8,6 +8,7 @@ from typing import Sequence
 from rich.table import Table
 
 from quantdiff.core.atomic import atomic_file
+from quantdiff.core.owned import plot_metadata
 from quantdiff.eval.sweep import Cell, cell_label
 from quantdiff.report.numbers import number
 
@@ -39,9 +40,10 @@ def invalid_reason(cell: Cell) -> str:
     return "" if cell.valid else f"non-finite logits at {cell.nonfinite_logits:,} scored positions"
 
 
-def plot_sweep(cells: Sequence[Cell], path: str | Path, metric: str) -> None:
+def plot_sweep(cells: Sequence[Cell], path: str | Path, metric: str, force: bool = False) -> None:
     """Figure-8-style chart: `metric` (the task's headline) vs bits (widest first), one line per model × method
-    × site, each model's unquantized reference as a dashed line in the model's colour."""
+    × site, each model's unquantized reference as a dashed line in the model's colour. It replaces an existing
+    file only if quantdiff wrote it (its Creator metadata), or with `force`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,6 +77,6 @@ def plot_sweep(cells: Sequence[Cell], path: str | Path, metric: str) -> None:
     if ax.get_legend_handles_labels()[0]:  # every cell invalid: an empty chart, without matplotlib's warning
         ax.legend(fontsize=7)
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", dpi=150)
+    with atomic_file(path, force, "--plot") as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", dpi=150, metadata=plot_metadata())
     plt.close(fig)

@@ -57,10 +57,10 @@ from quantdiff.eval.tasks.bb import BBTask
 from quantdiff.eval.tasks.lm import LMTask, PreparedLM
 from quantdiff.eval.tasks.retrieval import encode_example, exact_matches
 from quantdiff.models.tokenizer import save_tokenizer, train_bpe
-from quantdiff.train import emergence
+from quantdiff.train import emergence, guards
+from quantdiff.train.guards import CHECKPOINT  # inside --out; removed once the arms are saved
 from quantdiff.train.resume_state import checked_state
 
-CHECKPOINT = ".checkpoint"  # inside --out; removed once the pair is saved
 # Measured on this project's CPUs: a 0.94M model learns to copy a 16-token random span repeated after 0–32 random tokens within ~500 steps.
 COPY_SPAN, COPY_GAP = 16, 32
 IGNORE = -100  # label of padding: no loss
@@ -331,9 +331,11 @@ def new_state(recipe: Recipe) -> dict:
 def start_run(recipe: Recipe, out: Path, checkpoint: Checkpoint, force: bool, console) -> Run:
     """Check the target, read the data, build (or restore) every arm's model and optimizer."""
     cfg = recipe.train
+    guards.check_out(out, recipe.arm_names)  # everything a failing run would otherwise meet after printing
     if arms_exist(out, recipe) and not checkpoint.exists() and not force:
         raise ConfigError(f"trained models already exist in {out} (use --force to retrain)")
     device = resolve_device(cfg.device, "[train] device")
+    guards.check_dtype(cfg.dtype, device)
     if not recipe.synthetic:
         corpus.require(recipe.data.corpus_names)  # DataError with install instructions before any work
     state = checkpoint.load_state(recipe) if checkpoint.exists() and not force else None
@@ -369,6 +371,7 @@ def train_step(run: Run, step_models: dict, autocast, step: int) -> None:
             group["lr"] = lr_at(step, cfg) * arm.peak_lr(cfg) / cfg.lr  # the recipe's schedule, scaled to the arm's peak
         with autocast:
             loss = lm_loss(model, inputs, targets)
+        guards.check_loss(loss.item(), name, step, run.out / CHECKPOINT)  # before the update reaches the weights
         loss.backward()
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(run.models[name].parameters(), cfg.grad_clip)
@@ -413,6 +416,7 @@ def train_pair(recipe: Recipe, out: str | Path, *, force: bool = False, stop_aft
             progress.advance(cfg.batch_size * cfg.seq_len * len(run.models), {k: v[-1] for k, v in state["loss"].items()})
             stopping = stop_after is not None and state["step"] >= stop_after and state["step"] < cfg.steps
             if state["step"] % cfg.checkpoint_every == 0 or state["step"] == cfg.steps or stopping:
+                guards.check_weights(run.models, state["step"], checkpoint.dir)  # never a checkpoint with NaN or Inf
                 checkpoint.save(run.data.tokenizer, run.models, run.optimizers, state)
             if stopping:
                 return None

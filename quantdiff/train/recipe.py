@@ -13,6 +13,7 @@ shipped pair (`quantdiff/assets/<name>/standard/recipe.toml`): the recipe that t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sys
@@ -28,7 +29,10 @@ else:  # pragma: no cover
 
 import torch
 
+from quantdiff.core.atomic import check_name_length
 from quantdiff.core.errors import ConfigError
+from quantdiff.core.memory import check_fits
+from quantdiff.eval.bounds import forward_bytes
 from quantdiff.data.needles import VALUE_LENGTH, min_document_tokens
 from quantdiff.data.corpus import CORPORA
 from quantdiff.models.names import ASSETS
@@ -36,12 +40,14 @@ from quantdiff.data import bigram_backcopy
 from quantdiff.models.pairs import ALL_KINDS, KINDS, SizePreset, check_seed, preset_from_dict
 from quantdiff.quant.numerics import check_bits
 from quantdiff.quant.registry import method_name, site_name
+from quantdiff.train.recipe_types import check_types
 
 SOURCES = (*CORPORA, bigram_backcopy.NAME)  # the Debian text corpora and the synthetic task
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 DTYPES = ("float32", "bf16")
 MODEL_KEYS = ("hidden_size", "num_layers", "num_heads", "vocab_size", "max_position_embeddings")  # no defaults
 OPTIMIZERS = ("adamw", "sgd")
+RETRIEVAL_BATCH = 8  # documents per forward pass of the retrieval task (eval.tasks.retrieval)
 ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")  # a directory name, the same on every filesystem
 
 
@@ -101,7 +107,7 @@ class TrainConfig:
 class TasksConfig:
     lm_tokens: int = 65536  # held-out tokens for loss / next-token accuracy
     choice_items: int = 200  # cloze multiple-choice items cut from held-out text
-    retrieval_contexts: list[int] = field(default_factory=lambda: [256])
+    retrieval_contexts: list[int] = field(default_factory=lambda: [256])  # unset: 256, or the model's positions if fewer
     retrieval_needles: list[int] = field(default_factory=lambda: [1, 2, 4])
     retrieval_examples: int = 50  # per (context, needles) setting
     bb_sequences: int = 64  # held-out bigram-backcopy sequences of the bb task (bigram-backcopy recipes)
@@ -161,23 +167,14 @@ class Recipe:
 SECTIONS = {"data": DataConfig, "train": TrainConfig, "tasks": TasksConfig, "analysis": AnalysisConfig}
 
 
-def _type_ok(value: Any, default: Any) -> bool:
-    if isinstance(value, bool) or isinstance(default, bool):
-        return isinstance(value, bool) and isinstance(default, bool)
-    if isinstance(default, float):
-        return isinstance(value, (int, float))  # TOML writes 1 for 1.0
-    return isinstance(value, type(default))
-
-
 def _section(cls: type, name: str, table: Any) -> Any:
     if not isinstance(table, dict):
         raise ConfigError(f"[{name}] must be a table")
     defaults = cls()
-    for key, value in table.items():
+    for key in table:
         if not hasattr(defaults, key):
             raise ConfigError(f"unknown key {key!r} in [{name}] (known: {', '.join(f.name for f in fields(cls))})")
-        if not _type_ok(value, getattr(defaults, key)):
-            raise ConfigError(f"[{name}] {key} must be a {type(getattr(defaults, key)).__name__}, got {value!r}")
+    check_types(cls, name, table)  # list items too
     return cls(**table)
 
 
@@ -197,14 +194,15 @@ def parse_recipe(source: str, name: str) -> Recipe:
     if missing:  # defaults would silently pick the size of the models the whole run is about
         raise ConfigError(f"recipe {name}: [model] must set {', '.join(missing)}")
     model = preset_from_dict(model_table)  # rejects unknown keys
-    for key, value in model_table.items():
-        default = getattr(SizePreset(), key)
-        if not _type_ok(value, 0 if default is None else default):
-            raise ConfigError(f"[model] {key} must be a number, got {value!r}")
+    check_types(SizePreset, "model", model_table)
     model.validate()
     # Training holds weights, gradients and AdamW's two moments of both models.
     model.check_memory(4, f"[model] training a pair of {model.parameter_estimate():,}-parameter models")
     sections = {key: _section(cls, key, doc.get(key, {})) for key, cls in SECTIONS.items()}
+    _check_corpus_keys(doc.get("data", {}))
+    if "retrieval_contexts" not in doc.get("tasks", {}):  # the default document length, within the model's positions
+        default = min(TasksConfig().retrieval_contexts[0], model.max_position_embeddings)
+        sections["tasks"] = dataclasses.replace(sections["tasks"], retrieval_contexts=[default])
     arms = _arms(doc["arms"]) if "arms" in doc else DEFAULT_ARMS
     recipe = Recipe(name=name, source=source, model=model, arms=arms, **sections)
     _check(recipe)
@@ -225,6 +223,7 @@ def _arms(tables: Any) -> tuple[ArmConfig, ...]:
         name = table.get("name")
         if not isinstance(name, str) or not ARM_NAME.match(name):
             raise ConfigError(f"[[arms]] name must be lower-case letters, digits, - or _, got {name!r}")
+        check_name_length(name, "[[arms]] name")  # it names OUT/<arm> and the temporaries written beside it
         for key in ("kind", "optimizer"):
             if not isinstance(table.get(key, ""), str):
                 raise ConfigError(f"[[arms]] {name}: {key} must be a string")
@@ -314,6 +313,20 @@ def _check_sizes(recipe: Recipe) -> None:
             raise ConfigError(f"{name} must be a non-empty list without repeats, got {items}")
     if min(tasks.retrieval_contexts + tasks.retrieval_needles) <= 0:
         raise ConfigError("[tasks] retrieval_contexts and retrieval_needles must be positive")
+    model = recipe.model
+    for context in tasks.retrieval_contexts:  # the trained models' positions, and this machine's memory
+        if context > model.max_position_embeddings:
+            raise ConfigError(f"[tasks] retrieval_contexts {context} exceeds max_position_embeddings={model.max_position_embeddings}")
+        check_fits(forward_bytes(RETRIEVAL_BATCH, context, model.vocab_size, model.num_heads), f"[tasks] retrieval_contexts {context:,}")
+
+
+def _check_corpus_keys(table: dict) -> None:
+    """`corpus` names one source and `corpora` a mix: with both set, one of them would be ignored."""
+    if "corpus" not in table or not table.get("corpora"):
+        return
+    if table["corpus"] == bigram_backcopy.NAME:
+        raise ConfigError(f"[data] {bigram_backcopy.NAME} cannot be mixed with text corpora")
+    raise ConfigError("[data] sets both corpus and corpora: name one source with corpus, or list every corpus of the mix in corpora")
 
 
 def curriculum(step: int, recipe: Recipe) -> tuple[int, float, int]:

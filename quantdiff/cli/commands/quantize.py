@@ -21,7 +21,7 @@ def quantize(
     attention_method: Annotated[Optional[str], typer.Option("--attention-method", help="absmax (default) or llm-int8 (with --attention-bits).")] = None,
     attention_site: Annotated[Optional[str], typer.Option("--attention-site", help="logits (default) or qk (with --attention-bits).")] = None,
     eval_task: Annotated[Optional[str], typer.Option("--eval", help="Also evaluate source and reloaded export on this task (choice, lm, retrieval).")] = None,
-    data: Annotated[Optional[Path], typer.Option("--data", help="Data file for --eval (see `quantdiff eval --help`).")] = None,
+    data: Annotated[Optional[str], typer.Option("--data", help="Data file for --eval (see `quantdiff eval --help`).")] = None,
     context: Annotated[Optional[int], typer.Option("--context", help="Tokens per window (lm) or document (retrieval) for --eval.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="--eval on the first N items only.")] = None,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept decoder layers without an nn.Linear to quantize.")] = False,
@@ -35,6 +35,7 @@ def quantize(
     from quantdiff.cli.validate import check_positive, refuse_unused
     from quantdiff.core.errors import ConfigError, LoadError
     from quantdiff.core.savedir import check_target
+    from quantdiff.models.inputs import model_inputs
     from quantdiff.models.loading import load_tokenizer
     from quantdiff.models.names import resolve
     from quantdiff.models.source import describe_source
@@ -64,7 +65,7 @@ def quantize(
     sources = resolve(model, revision)
     if len(sources) != 1:
         raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
-    check_target(out, force, sources + ([data] if data else []), flag="--out", kind="export")
+    check_target(out, force, model_inputs([model], sources) + ([data] if data else []), flag="--out", kind="export")
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
     tokenizer = load_tokenizer(sources[0]) if task is not None else None
     summary = export_quantized(

@@ -18,12 +18,13 @@ def stats(
     tile_size: Annotated[int, typer.Option(help="Key tile of the logits pass (memory ∝ seq_len × tile); 0 = one tile.")] = 512,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 … (default: CUDA if available).")] = None,
     per_layer: Annotated[bool, typer.Option("--per-layer", help="Also print per-layer tables.")] = False,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every statistic to this JSON file.")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every statistic to this JSON file; '-' writes it to stdout (tables then go to stderr).")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write PNG plots (per-layer Top-1, |x| CCDF) into this directory.")] = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Fuse per-element statistics with torch.compile (default: on CUDA only).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar and no tables.")] = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept models where some attention module or decoder layer is never reached (recorded in the JSON's coverage).")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default; recorded in the JSON).")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace existing output files that quantdiff did not write (it replaces its own without asking).")] = False,
 ) -> None:
     """Largest |attention logits| and |hidden states| (Top-1 … Top-100, median) with where they occur.
 
@@ -51,5 +52,6 @@ def stats(
         compile=compile,
         allow_partial=allow_partial,
         trust_remote_code=trust_remote_code,
+        force=force,
     )
     run(options, quiet=quiet, per_layer=per_layer)

@@ -12,7 +12,7 @@ DATA_HELP = "Task data: a HellaSwag JSONL file (choice), a text file (lm; retrie
 
 # Options shared by both commands, so their spelling and help never drift apart.
 TaskOpt = Annotated[str, typer.Option("--task", "-t", help=TASK_HELP)]
-DataOpt = Annotated[Optional[Path], typer.Option("--data", help=DATA_HELP)]
+DataOpt = Annotated[Optional[str], typer.Option("--data", help=DATA_HELP)]  # a str: "" stays empty, not "."
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Evaluate only the first N items (windows, documents).")]
 GroupOpt = Annotated[Optional[int], typer.Option("--group-size", help="absmax weights at site linear in groups of G inputs per output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group); default per output channel.")]
 ContextOpt = Annotated[Optional[int], typer.Option("--context", help="Tokens per document (retrieval) or window (lm).")]
@@ -21,7 +21,8 @@ DepthOpt = Annotated[Optional[float], typer.Option("--depth", help="Depth in [0,
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed of the generated data (cloze set, needle documents); default 0.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 … (default: CUDA if available).")]
-JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the cells as JSON (an object with a list `cells`).")]
+JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the cells as JSON (an object with a list `cells`); '-' writes it to stdout (the table then goes to stderr).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing output files that quantdiff did not write (it replaces its own without asking).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; print only the result.")]
 PartialOpt = Annotated[bool, typer.Option("--allow-partial", help="Accept models where some attention module or decoder layer is never reached.")]
 RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default).")]
@@ -47,6 +48,7 @@ def sweep(
     quiet: QuietOpt = False,
     allow_partial: PartialOpt = False,
     trust_remote_code: RemoteOpt = False,
+    force: ForceOpt = False,
 ) -> None:
     """Accuracy under quantization: the unquantized reference plus every (method, bits, site) cell, per model."""
     from quantdiff.report.console import line_console
@@ -57,6 +59,7 @@ def sweep(
     from quantdiff.core.outputs import check_outputs
     from quantdiff.eval.sweep import plan_sweep
     from quantdiff.jobs.evaluate import report, run_models
+    from quantdiff.models.inputs import model_inputs
     from quantdiff.models.names import resolve_models
     from quantdiff.models.source import model_sources
     from quantdiff.quant.registry import parse_bits, split_names
@@ -69,18 +72,19 @@ def sweep(
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     specs = resolve_models(models)
-    for path, suffixes in ((json_path, None), (plot, (".png", ".pdf", ".svg"))):
-        check_output(path, suffixes)
-    check_outputs({"--json": json_path, "--plot": plot}, [path for _, path in specs] + ([data] if data else []))
+    check_outputs({"--json": json_path, "--plot": plot}, model_inputs(models, [path for _, path in specs]) + ([data] if data else []))
+    check_output(json_path, None, force, "--json")
+    check_output(plot, (".png", ".pdf", ".svg"), force, "--plot")
     notes = line_console(stderr=True)
     for line in plan.skipped:
         notes.print(f"[yellow]skipped {line}[/yellow]")
-    cells = run_models(specs, the_task, plan.configs, limit, target, quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)
-    report(cells, the_task, json_path, quiet, model_sources(specs))
+    bars_quiet = quiet or str(json_path) == "-"  # the JSON is stdout's whole content
+    cells = run_models(specs, the_task, plan.configs, limit, target, bars_quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)
+    report(cells, the_task, json_path, quiet, model_sources(specs), force)
     if plot is not None:
         from quantdiff.report.sweep_report import plot_sweep
 
-        plot_sweep(cells, plot, the_task.headline)
+        plot_sweep(cells, plot, the_task.headline, force)
         if not quiet:
             notes.print(f"plot -> {plot}")
 
@@ -104,6 +108,7 @@ def evaluate(
     quiet: QuietOpt = False,
     allow_partial: PartialOpt = False,
     trust_remote_code: RemoteOpt = False,
+    force: ForceOpt = False,
 ) -> None:
     """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
@@ -112,6 +117,7 @@ def evaluate(
     from quantdiff.core.outputs import check_outputs
     from quantdiff.core.errors import ConfigError
     from quantdiff.jobs.evaluate import report, run_models
+    from quantdiff.models.inputs import model_inputs
     from quantdiff.models.names import resolve_models
     from quantdiff.models.source import model_sources
     from quantdiff.quant.sites import parse_config
@@ -124,9 +130,10 @@ def evaluate(
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     specs = resolve_models([model])
-    check_output(json_path, None)
-    check_outputs({"--json": json_path}, [path for _, path in specs] + ([data] if data else []))
+    check_outputs({"--json": json_path}, model_inputs([model], [path for _, path in specs]) + ([data] if data else []))
+    check_output(json_path, None, force, "--json")
     cells = run_models(
-        specs, the_task, configs, limit, target, quiet, include_reference=bits is None, allow_partial=allow_partial, trust_remote_code=trust_remote_code
+        specs, the_task, configs, limit, target, quiet or str(json_path) == "-", include_reference=bits is None,
+        allow_partial=allow_partial, trust_remote_code=trust_remote_code,
     )
-    report(cells, the_task, json_path, quiet, model_sources(specs))
+    report(cells, the_task, json_path, quiet, model_sources(specs), force)

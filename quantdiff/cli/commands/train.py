@@ -18,16 +18,13 @@ def train(
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # busy-waiting OpenMP threads stall CPU steps for seconds
     from quantdiff.report.console import line_console
 
-    from quantdiff.core.errors import ConfigError
-    from quantdiff.core.savedir import check_target
+    from quantdiff.train.guards import check_out
     from quantdiff.train.loop import train_pair
     from quantdiff.train.recipe import load_recipe
 
     parsed = load_recipe(recipe)
     out = out or Path("runs") / parsed.name
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out exists and is not a directory: {out}")
-    for name in parsed.arm_names:  # the models are written at the end: refuse what they may not replace before training
-        check_target(out / name, force=True, sources=[p for p in [Path(recipe)] if p.is_file()], flag=f"--out's {name}/", kind="model")
+    # the models are written at the end: refuse what they may not replace before training
+    check_out(out, parsed.arm_names, sources=[p for p in [Path(recipe)] if p.is_file()])
     paths = train_pair(parsed, out, force=force)
     line_console().print("models saved: " + "  ".join(str(p) for p in paths.values()))

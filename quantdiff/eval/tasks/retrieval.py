@@ -29,6 +29,7 @@ from quantdiff.attention.observe import observe
 from quantdiff.models import structure
 from quantdiff.eval.tasks.choice import encode_pair
 from quantdiff.data.needles import Filler, NeedleExample, make_needle_example
+from quantdiff.eval.bounds import check_sequence_fits
 from quantdiff.eval.scoring import Progress, left_pad, model_device, next_token_logits, note_scored
 
 
@@ -191,6 +192,8 @@ class RetrievalTask:
         return PreparedRetrieval([encode_example(tokenizer, ex) for ex in self.make_examples(tokenizer, limit)])
 
     def evaluate(self, model: nn.Module, prepared: PreparedRetrieval, progress: Progress | None = None) -> dict[str, float]:
+        longest = max((len(it.prompt_ids) + len(it.answer_ids) for it in prepared.items), default=0)
+        check_sequence_fits(longest, model.config, self.batch_size, "a retrieval document", model_device(model))
         half = (lambda n: progress(n / 2)) if progress is not None else None  # two passes over the documents
         matches = exact_matches(model, prepared.items, self.batch_size, half)
         to_answer, noise = answer_attention(model, prepared.items, self.batch_size, half)

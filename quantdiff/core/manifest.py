@@ -1,0 +1,45 @@
+"""A directory's files as written: each file's size and sha256, recorded when a cache entry is made and checked
+before every use, so a changed, truncated, missing or added file (a flipped weight byte, a deleted
+tokenizer_config.json) makes the entry be rebuilt instead of being used as if it were what was written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+MANIFEST = "quantdiff-manifest.json"
+CHUNK = 1 << 20
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(directory: Path) -> None:
+    """Record every file under `directory` (but the manifest) with its size and sha256."""
+    entries = {str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in _files(directory)}
+    (directory / MANIFEST).write_text(json.dumps({"files": entries}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def matches_manifest(directory: Path) -> bool:
+    """Whether `directory` holds exactly the files its manifest records, each of the recorded size and sha256
+    (sizes first: a truncated file costs no hashing). False without a readable manifest."""
+    try:
+        recorded = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
+        files = _files(directory)
+        if sorted(recorded) != [str(p.relative_to(directory)) for p in files]:
+            return False
+        if any(p.stat().st_size != recorded[str(p.relative_to(directory))]["size"] for p in files):
+            return False
+        return all(file_sha256(p) == recorded[str(p.relative_to(directory))]["sha256"] for p in files)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False

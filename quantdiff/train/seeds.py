@@ -54,9 +54,9 @@ def run_dirs(recipe: Recipe, out: str | Path) -> dict[int, Path]:
     return {seed: seed_dir(out, seed) for seed in seed_list(recipe)}
 
 
-def runs_exist(out: str | Path, recipe: Recipe) -> bool:
-    """True when every seed's arms are trained (no checkpoint left to resume)."""
-    return all(arms_exist(d, recipe) and not (d / CHECKPOINT).exists() for d in run_dirs(recipe, out).values())
+def unfinished(out: str | Path, recipe: Recipe) -> list[Path]:
+    """The seed directories whose arms are not all trained, or whose training left a checkpoint to resume."""
+    return [d for d in run_dirs(recipe, out).values() if not arms_exist(d, recipe) or (d / CHECKPOINT).exists()]
 
 
 def _finished(recipe: Recipe, directory: Path) -> bool:

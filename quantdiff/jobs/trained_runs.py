@@ -8,7 +8,7 @@ so no seed is left out of a report. A built-in set ships one seed: the one its t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from quantdiff.core.errors import ConfigError, LoadError
@@ -39,14 +39,24 @@ def logged_seed(model_dir: Path, recipe: Recipe) -> int:
 
 
 def recipe_of_run(directory: Path) -> Recipe:
-    """The recipe saved beside the models of a training output directory (OUT/<arm>/ or OUT/seed-<s>/<arm>/)."""
+    """The recipe saved beside the models of a training output directory (OUT/<arm>/ or OUT/seed-<s>/<arm>/).
+
+    Seeds may have been added to a run after others finished, so each seed's models may carry a different seed
+    list: the run's list is the longest one, followed by any other seed-<s> directory found."""
+    from quantdiff.train.seeds import trained_seeds
+
     saved = sorted(directory.glob("*/recipe.toml")) or sorted(directory.glob("seed-*/*/recipe.toml"))
     if not saved:
         raise LoadError(f"{directory} holds no trained models (no <arm>/recipe.toml or seed-<s>/<arm>/recipe.toml)")
     try:
-        return parse_recipe(saved[0].read_text(encoding="utf-8"), directory.name)
+        recipes = [parse_recipe(path.read_text(encoding="utf-8"), directory.name) for path in saved]
     except UnicodeDecodeError:
-        raise LoadError(f"{saved[0]} is not UTF-8 text (a TOML file)") from None
+        raise LoadError(f"a recipe.toml in {directory} is not UTF-8 text (a TOML file)") from None
+    recipe = max(recipes, key=lambda r: len(r.train.seeds))
+    if not recipe.train.seeds:
+        return recipe
+    seeds = list(recipe.train.seeds) + [s for s in trained_seeds(directory) if s not in recipe.train.seeds]
+    return replace(recipe, train=replace(recipe.train, seeds=seeds))
 
 
 def find_runs(target: str, console) -> TrainedRuns:

@@ -64,6 +64,16 @@ METHOD_MARKERS = "osD^v"
 
 
 def plot_sweep(points: Sequence[SweepPoint], path: str | Path, metric: str, title: str) -> None:
+    """Write `sweep_figure` to `path` (its format from the suffix)."""
+    import matplotlib.pyplot as plt
+
+    fig = sweep_figure(points, metric, title)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", dpi=150, bbox_inches="tight")
+    plt.close(fig)
+
+
+def sweep_figure(points: Sequence[SweepPoint], metric: str, title: str):
     """Figure-8-style small multiples: a panel per site, `metric` against bits (widest first); models are
     colours, methods line styles, error bars the 95% interval across seeds; each model's unquantized reference
     is a dotted line in its colour; the legend sits outside the panels so no point is hidden."""
@@ -109,6 +119,4 @@ def plot_sweep(points: Sequence[SweepPoint], path: str | Path, metric: str, titl
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", dpi=150, bbox_inches="tight")
-    plt.close(fig)
+    return fig

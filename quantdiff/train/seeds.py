@@ -55,11 +55,18 @@ def run_dirs(recipe: Recipe, out: str | Path) -> dict[int, Path]:
 
 
 def unfinished(out: str | Path, recipe: Recipe) -> list[Path]:
-    """The seed directories whose arms are not all trained, or whose training left a checkpoint to resume."""
-    return [d for d in run_dirs(recipe, out).values() if not arms_exist(d, recipe) or (d / CHECKPOINT).exists()]
+    """The seed directories whose arms are not all trained, or whose training left a checkpoint to resume;
+    ConfigError when a different recipe trained one of them."""
+    return [d for seed, d in run_dirs(recipe, out).items() if not finished(for_seed(recipe, seed), d)]
 
 
-def _finished(recipe: Recipe, directory: Path) -> bool:
+def trained_seeds(out: str | Path) -> list[int]:
+    """The seeds that have a seed-<s> directory in OUT, in increasing order."""
+    names = (p.name.removeprefix("seed-") for p in Path(out).glob("seed-*") if p.is_dir())
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def finished(recipe: Recipe, directory: Path) -> bool:
     """True when `directory` holds this seed's trained arms; ConfigError when a different recipe trained them."""
     if not arms_exist(directory, recipe) or Checkpoint(directory).exists():
         return False
@@ -86,7 +93,7 @@ def train_seeds(recipe: Recipe, out: str | Path, *, force: bool = False, jobs: i
     if jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {jobs}")
     dirs = run_dirs(recipe, out)
-    pending = {seed: d for seed, d in dirs.items() if force or not _finished(for_seed(recipe, seed), d)}
+    pending = {seed: d for seed, d in dirs.items() if force or not finished(for_seed(recipe, seed), d)}
     for seed, directory in pending.items():  # a bad checkpoint is refused before any seed trains
         if not force and Checkpoint(directory).exists():
             Checkpoint(directory).load_state(for_seed(recipe, seed))

@@ -312,3 +312,30 @@ def test_seeds_in_worker_processes_train_what_one_process_trains_at_the_same_thr
             assert parallel[arm]["held_out_loss"] == sequential[arm]["held_out_loss"]
         _matches_trace(parallel, seed)
         assert (tmp_path / "parallel" / f"seed-{seed}" / "train_output.txt").read_text().count("held-out loss") == len(ARMS)
+
+
+def _cli_error(args: list[str], capsys) -> str:
+    from quantdiff.cli.app import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err
+    return err
+
+
+def test_bad_multi_seed_commands_are_one_error_line(trained, tmp_path, capsys):
+    recipe = tmp_path / "micro.toml"
+    recipe.write_text(MICRO_BB.replace("SEEDS", "seeds = [0, 7]"))
+    assert "--jobs must be positive" in _cli_error(["train", str(recipe), "--out", str(tmp_path / "o"), "--jobs", "0"], capsys)
+    (tmp_path / "bad.toml").write_text(MICRO_BB.replace("SEEDS", "seeds = [1, 1]"))
+    assert "lists a seed twice" in _cli_error(["train", str(tmp_path / "bad.toml")], capsys)
+    partial = tmp_path / "partial"
+    (partial / "seed-7").mkdir(parents=True)
+    for arm in ARMS:  # seed 7 as trained by the recipe listing [0, 7]; seed 0 never started
+        (partial / "seed-7" / arm).symlink_to(trained / "seed-7" / arm)
+    message = _cli_error(["reproduce", str(partial), "--out", str(tmp_path / "r"), "--real-model", "none"], capsys)
+    assert "seed-0 is not fully trained" in message
+    (tmp_path / "empty").mkdir()
+    assert "holds no trained models" in _cli_error(["reproduce", str(tmp_path / "empty"), "--out", str(tmp_path / "r")], capsys)

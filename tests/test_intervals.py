@@ -71,16 +71,16 @@ def test_a_mean_gets_its_t_interval_and_a_ratio_its_geometric_one():
 
 
 def test_paired_comparisons_count_the_seeds_each_way():
-    reference = {"0": 10.0, "1": 6.0, "2": 4.0, "3": 5.0}
-    other = {"0": 5.0, "1": 6.0, "2": 8.0, "3": None}
-    ratio = paired(reference, other, ratio=True)  # reference ÷ other: 2, 1, 0.5; seed 3 has no partner value
-    assert ratio["per_seed"] == {"0": 2.0, "1": 1.0, "2": 0.5} and ratio["n"] == 3
-    assert (ratio["reference_higher"], ratio["other_higher"], ratio["equal"]) == (1, 1, 1)
-    assert ratio["mean"] == pytest.approx(1.0)  # geometric mean of 2, 1, ½
-    difference = paired(reference, other, ratio=False)  # other − reference: −5, 0, 4
-    assert difference["per_seed"] == {"0": -5.0, "1": 0.0, "2": 4.0}
-    assert (difference["reference_higher"], difference["other_higher"], difference["equal"]) == (1, 1, 1)
-    assert difference["mean"] == pytest.approx(-1 / 3)
+    reference = {"0": 10.0, "1": 6.0, "2": 4.0, "3": 5.0, "4": 9.0}
+    other = {"0": 5.0, "1": 6.0, "2": 8.0, "3": None, "4": 3.0}
+    ratio = paired(reference, other, ratio=True)  # reference ÷ other: 2, 1, 0.5, 3; seed 3 has no partner value
+    assert ratio["per_seed"] == {"0": 2.0, "1": 1.0, "2": 0.5, "4": 3.0} and ratio["n"] == 4
+    assert (ratio["reference_higher"], ratio["other_higher"], ratio["equal"]) == (2, 1, 1)
+    assert ratio["mean"] == pytest.approx(3 ** 0.25)  # geometric mean of 2, 1, ½, 3
+    difference = paired(reference, other, ratio=False)  # other − reference: −5, 0, 4, −6
+    assert difference["per_seed"] == {"0": -5.0, "1": 0.0, "2": 4.0, "4": -6.0}
+    assert (difference["reference_higher"], difference["other_higher"], difference["equal"]) == (2, 1, 1)
+    assert difference["mean"] == pytest.approx(-7 / 4)
 
 
 @pytest.mark.parametrize("k, n, low, high", [(0, 5, 0.0, 0.5218), (1, 5, 0.00505, 0.7164), (3, 8, 0.0852, 0.7551), (8, 8, 0.6306, 1.0)])

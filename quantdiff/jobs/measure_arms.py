@@ -138,12 +138,13 @@ def setup_context(options: ReproduceOptions, trained, stats_doc: dict) -> dict:
     skipped = plan_sweep([method_name(m) for m in analysis.methods], analysis.bits, analysis.sites).skipped
     seeds = list(trained.runs)
     return {
-        "models": f"{options.target} ({', '.join(str(p) for p in trained.dirs)})",
+        "models": (f"{options.target} ({len(trained.dirs)} model directories, {trained.dirs[0].parent.parent}/seed-<s>/<arm>)" if trained.multi_seed
+                   else f"{options.target} ({', '.join(str(p) for p in trained.dirs)})"),
         "recipe": f"{recipe.name}: {recipe.model.hidden_size} wide, {recipe.model.num_layers} layers, "
         f"{recipe.model.num_heads} heads (Diff: {recipe.model.num_heads // 2} differential heads), "
         f"{recipe.train.tokens:,} training tokens per model, data {', '.join(recipe.data.corpus_names)}",
         "seeds": (f"{len(seeds)} ({', '.join(map(str, seeds))}), each training every arm" if trained.multi_seed
-                  else f"{seeds[0]}" + (" (the shipped models' seed, named in their recipe)" if trained.built_in else "")),
+                  else f"{seeds[0]}" + (" (the seed of the shipped models)" if trained.built_in else "")),
         "arms (same batches, same initial seed)": "; ".join(arm_line(arm, recipe) for arm in recipe.arms),
         "statistics data": f"{stats_doc['data']['tokens']:,} held-out tokens per model ({stats_doc['data']['source']}), sequences of {analysis.seq_len}",
         "quantization": f"methods {', '.join(analysis.methods)}; bits {', '.join(map(str, analysis.bits))}; "

@@ -2,13 +2,13 @@
 recipe lists), written to a report directory.
 
 The models are shipped ones ("tiny", "bb"), a training output directory, or the arms a recipe trains into
-runs/<recipe>/ (trained first if missing): `jobs.trained_runs`. Several seeds are measured one by one and
-reported across seeds (`jobs.reproduce_seeds`). The statistics and the accuracy sweep run on the same held-out data: corpus text (the statistics
-with a BOS token first when the recipe trained with one), or for a bigram-backcopy recipe the generator's
-held-out sequences and its own task `bb`; the report directory holds report.md, stats.json, sweep.json and the
-PNG plots (with emergence.png when the train logs carry an outlier series), and — unless turned off — a real
-pretrained model's section (`jobs.real_model`, with real_model.json); it appears only once everything in it is
-written.
+runs/<recipe>/ (trained first if missing): `jobs.trained_runs`. The statistics and the accuracy sweep run on the
+same held-out data (`jobs.measure_arms`): corpus text (with a BOS token first when the recipe trained with one),
+or for a bigram-backcopy recipe the generator's held-out sequences and its own task `bb`. The report directory
+holds report.md, stats.json, sweep.json and the PNG plots (with emergence.png when the train logs carry an
+outlier series) — for several seeds each seed's JSON in seed-<s>/ and the summary seeds.json
+(`jobs.reproduce_seeds`) — and, unless turned off, a real pretrained model's section (`jobs.real_model`, with
+real_model.json); it appears only once everything in it is written.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from quantdiff.core.savedir import atomic_dir, check_target
 from quantdiff.jobs.measure_arms import ReproduceOptions, measure_arms, reproduce_tasks, setup_context
+
 
 def reproduce(options: ReproduceOptions, console) -> Path:
     """Run stats and the sweep on the trained arms (every seed's) and write the report directory; returns the

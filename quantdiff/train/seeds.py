@@ -133,7 +133,9 @@ def _train_in_workers(recipe: Recipe, pending: dict[int, Path], force: bool, job
 def _train_one(task: tuple[Recipe, Path, bool]) -> int:
     """A worker's job: one seed, its console output appended to OUT/seed-<s>/train_output.txt."""
     from rich.console import Console
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # save_pretrained's bars would cross the other workers' on the shared stderr
     recipe, directory, force = task
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / OUTPUT_LOG, "a", encoding="utf-8") as log:

@@ -339,3 +339,25 @@ def test_bad_multi_seed_commands_are_one_error_line(trained, tmp_path, capsys):
     assert "seed-0 is not fully trained" in message
     (tmp_path / "empty").mkdir()
     assert "holds no trained models" in _cli_error(["reproduce", str(tmp_path / "empty"), "--out", str(tmp_path / "r")], capsys)
+
+
+def test_a_saved_recipe_trains_the_same_models_unless_training_changed():
+    from quantdiff.train.resume_state import same_training
+
+    text = MICRO_BB.replace("SEEDS", "seeds = [0, 7]")
+    seven = for_seed(micro(), 7)
+    assert same_training(text, seven, 7) and not same_training(text, seven, 0)
+    assert same_training(MICRO_BB.replace("SEEDS", "seeds = [7]"), seven, 7)  # seeds added later
+    assert same_training(text.replace("stats_tokens = 256", "stats_tokens = 512"), seven, 7)  # analysis: no weight changes
+    assert not same_training(text.replace("lr = 7e-3", "lr = 5e-3"), seven, 7)
+    assert not same_training(text.replace('name = "diff"', 'name = "diff2"'), seven, 7)
+    assert not same_training("not toml [", seven, 7)
+    assert same_training(MICRO_BB.replace("SEEDS", "seed = 7"), for_seed(micro("seed = 7"), 7))  # an old log: its recipe's seed
+
+
+def test_a_single_seed_recipe_keeps_refusing_to_overwrite_its_models(tmp_path):
+    for arm in ARMS:
+        (tmp_path / arm).mkdir()
+        (tmp_path / arm / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="already exist .*--force"):
+        train_seeds(micro("seed = 0"), tmp_path)

@@ -6,8 +6,8 @@ string where a loss belongs) is refused with one line instead of training the wr
 saving a partly trained pair as finished.
 
 A checkpoint (or a finished seed of a multi-seed run) belongs to a recipe when that recipe trains the same
-models from the same seed: the same text, or — so that seeds can be added to a run — the same recipe but for
-its `seeds` list (`same_training`).
+models from the same seed: the same text, or the same data, sizes, arms and [train] settings but for the `seeds`
+list, so that seeds can be added to a run (`same_training`).
 """
 
 from __future__ import annotations
@@ -86,14 +86,15 @@ def _check_fields(state: Any, recipe: Recipe) -> dict:
     }
 
 
-def _training(recipe: Recipe) -> Recipe:
-    """What decides the trained models for a given seed: the recipe without its name, text and seed list."""
-    return dataclasses.replace(recipe, name="", source="", train=dataclasses.replace(recipe.train, seed=0, seeds=[]))
+def _training(recipe: Recipe) -> tuple:
+    """What decides the trained models for a given seed: data, sizes, arms and [train] but its seed list
+    ([tasks] sizes the final checks in the train log, [analysis] the later reports: neither changes a weight)."""
+    return recipe.data, recipe.model, recipe.arms, dataclasses.replace(recipe.train, seed=0, seeds=[])
 
 
 def same_training(saved_source: str, recipe: Recipe, seed: int | None = None) -> bool:
     """True when recipe text `saved_source` (which trained `seed`; None: the seed it names) trains what `recipe`
-    trains from its [train] seed: the same text, or the same recipe but for its seed list."""
+    trains from its [train] seed: the same text, or the same training but for its seed list."""
     if saved_source == recipe.source and seed == recipe.train.seed:
         return True
     try:

@@ -77,7 +77,7 @@ def finished(recipe: Recipe, directory: Path) -> bool:
     except (OSError, ValueError, AttributeError):
         source, seed = "", None
     if not same_training(source, recipe, seed if isinstance(seed, int) else None):
-        raise ConfigError(f"{directory} holds models trained by a different recipe (see {saved}): remove it or pass --force")
+        raise ConfigError(f"{directory} holds models trained by a different recipe (see {saved}): remove it, or retrain with quantdiff train --force")
     return True
 
 
@@ -93,6 +93,9 @@ def train_seeds(recipe: Recipe, out: str | Path, *, force: bool = False, jobs: i
     if jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {jobs}")
     dirs = run_dirs(recipe, out)
+    if not multi_seed(recipe):  # one run, as train_pair always did it (trained models there: an error without force)
+        paths = train_pair(recipe, out, force=force, stop_after=stop_after, console=console)
+        return None if paths is None else {recipe.train.seed: paths}
     pending = {seed: d for seed, d in dirs.items() if force or not finished(for_seed(recipe, seed), d)}
     for seed, directory in pending.items():  # a bad checkpoint is refused before any seed trains
         if not force and Checkpoint(directory).exists():

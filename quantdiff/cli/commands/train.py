@@ -11,7 +11,7 @@ import typer
 
 def train(
     recipe: Annotated[str, typer.Argument(help="Recipe file, or a recipe name such as 'tiny'.")],
-    out: Annotated[Path | None, typer.Option(help="Where the models go (OUT/<arm>: OUT/standard, OUT/diff by default; a recipe with [train] seeds: OUT/seed-<s>/<arm>); default runs/<recipe name>.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Where the models go (OUT/<arm>: OUT/standard, OUT/diff by default; a recipe listing seeds: OUT/seed-<s>/<arm>); default runs/<recipe name>.")] = None,
     force: Annotated[bool, typer.Option(help="Retrain from scratch: ignore checkpoints and replace existing models (every seed).")] = False,
     jobs: Annotated[int, typer.Option("--jobs", help="Seeds trained at once, in worker processes sharing the CPU threads (each seed's output in OUT/seed-<s>/train_output.txt).")] = 1,
 ) -> None:

@@ -20,7 +20,7 @@ import time
 import torch
 
 from quantdiff.models.pairs import SizePreset, build_pair, parameter_count
-from quantdiff.train.recipe import TrainConfig
+from quantdiff.train.recipe import ArmConfig, TrainConfig
 from quantdiff.train.loop import lm_loss, make_optimizer
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
@@ -59,7 +59,7 @@ def main() -> None:
 
     preset = SizePreset(cfg.hidden, cfg.layers, cfg.heads, None, None, cfg.vocab, cfg.seq)
     models = {kind: model.to(device).train() for kind, model in build_pair(preset, attn_implementation="sdpa").items()}
-    optimizers = {kind: make_optimizer(model, TrainConfig())[0] for kind, model in models.items()}
+    optimizers = {kind: make_optimizer(model, TrainConfig(), ArmConfig(kind, kind))[0] for kind, model in models.items()}
     runners = {kind: torch.compile(model) if cfg.compile else model for kind, model in models.items()}
     batch = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq + 1), generator=torch.Generator().manual_seed(0)).to(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -4,6 +4,7 @@ with the JSON beside them."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -122,25 +123,26 @@ def test_reproduce_micro_recipe_end_to_end(tmp_path, monkeypatch, capsys):
 
 
 def _check_emergence_table(report: str, logs: dict[str, dict]) -> None:
-    """The Emergence section's table holds each eval step's numbers of both train logs."""
+    """The Emergence section has one table per quantity, a row per eval step and a column per train log."""
     section = report.split("## Emergence of outliers during training", 1)[1].split("\n## ", 1)[0]
-    [table] = _tables(section)
-    header, rows = table[0], table[1:]
-    assert [int(r[0]) for r in rows] == [e["step"] for e in logs["standard"]["outliers"]]
-    for kind, log in logs.items():
-        columns = {
-            header.index(f"Top-1 attention logit (abs) — {kind}"): ("attention_logits", "top1"),
-            header.index(f"Top-1 hidden state (abs) — {kind}"): ("hidden_states", "top1"),
-            header.index(f"sink score (share of heads > ε) — {kind}"): ("sink", "score"),
-        }
-        for row, entry in zip(rows, log["outliers"]):
-            assert row[1] == f"{entry['tokens']:,}"
-            for column, (block, key) in columns.items():
-                assert float(row[column]) == pytest.approx(entry[block][key], rel=1e-2, abs=1e-9), (kind, header[column])
+    tables = dict(zip(re.findall(r"^\*\*(.+)\*\*$", section, flags=re.M), _tables(section)))
+    quantities = {"Top-1 attention logit (abs)": ("attention_logits", "top1"), "Top-1 hidden state (abs)": ("hidden_states", "top1"),
+                  "sink score (share of heads > ε)": ("sink", "score")}
+    first = next(iter(logs.values()))["outliers"]
+    for label, (block, key) in quantities.items():
+        header, rows = tables[label][0], tables[label][1:]
+        assert header == ["step", "tokens", *logs]
+        assert [int(r[0]) for r in rows] == [e["step"] for e in first]
+        assert [r[1] for r in rows] == [f"{e['tokens']:,}" for e in first]
+        for kind, log in logs.items():
+            column = header.index(kind)
+            for row, entry in zip(rows, log["outliers"]):
+                assert float(row[column]) == pytest.approx(entry[block][key], rel=1e-2, abs=1e-9), (kind, label)
     assert "![emergence.png](emergence.png)" in section
 
 
 def test_emergence_section_and_plot_from_train_logs(tmp_path):
+    from quantdiff.across_seeds.curves import emergence_curves
     from quantdiff.report.emergence import emergence_markdown, plot_emergence, read_series
 
     def entry(step: int, logit: float, hidden: float, score: float) -> dict:
@@ -155,12 +157,34 @@ def test_emergence_section_and_plot_from_train_logs(tmp_path):
         (dirs[kind] / "train_log.json").write_text(json.dumps({"kind": kind, "outliers": series}))
     series = read_series(dirs)
     assert series == logs
-    plot_emergence(series, tmp_path / "emergence.png")
+    curves = emergence_curves({"0": series})
+    assert list(curves) == ["attention_logits/top1", "hidden_states/top1", "sink/score", "sink/mean"]  # never-logged quantities left out
+    assert curves["hidden_states/top1"]["arms"]["standard"]["low"] == [None, None]  # one seed: no band
+    plot_emergence(curves, tmp_path / "emergence.png")
     assert (tmp_path / "emergence.png").stat().st_size > 1000
-    _check_emergence_table("## Emergence of outliers during training\n\n" + emergence_markdown(series), {k: {"outliers": v} for k, v in logs.items()})
+    _check_emergence_table("## Emergence of outliers during training\n\n" + emergence_markdown(curves), {k: {"outliers": v} for k, v in logs.items()})
     (dirs["diff"] / "train_log.json").write_text(json.dumps({"kind": "diff"}))  # an old log: no series
     assert list(read_series(dirs)) == ["standard"]
     assert emergence_markdown({}).startswith("Not tracked")
+
+
+def test_emergence_across_seeds_is_the_mean_with_a_band_where_a_seed_lacks_a_step(tmp_path):
+    from quantdiff.across_seeds.curves import emergence_curves
+    from quantdiff.report.emergence import emergence_markdown, plot_emergence
+
+    def entry(step: int, score: float) -> dict:
+        return {"step": step, "tokens": step * 10, "sink": {"score": score}}
+
+    series = {"1": {"a": [entry(5, 0.0), entry(10, 0.5)]}, "2": {"a": [entry(5, 0.25), entry(10, 1.0)]}, "3": {"a": [entry(5, 0.5)]}}
+    curve = emergence_curves(series)["sink/score"]["arms"]["a"]
+    assert curve["steps"] == [5, 10] and curve["n"] == [3, 2] and curve["per_seed"]["3"] == [0.5, None]
+    # t(0.975, 2) = 4.302653 and t(0.975, 1) = 12.706205 (tables)
+    assert curve["mean"][0] == pytest.approx(0.25) and curve["high"][0] == pytest.approx(0.25 + 4.302653 * 0.25 / 3 ** 0.5, rel=1e-6)
+    assert curve["mean"][1] == pytest.approx(0.75) and curve["low"][1] == pytest.approx(0.75 - 12.706205 * 0.25, rel=1e-6)
+    text = emergence_markdown(emergence_curves(series), seeds=3)
+    assert "mean over 3 seeds" in text and f"| 10 | 100 | 0.75 [{curve['low'][1]:.3g}, {curve['high'][1]:.3g}] |" in text
+    plot_emergence(emergence_curves(series), tmp_path / "bands.png")
+    assert (tmp_path / "bands.png").stat().st_size > 1000
 
 
 def test_reproduce_refuses_a_foreign_directory(tmp_path, capsys):

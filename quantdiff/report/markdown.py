@@ -140,9 +140,13 @@ def write_report_markdown(
         parts.append("## Accuracy with quantized attention (the paper's Figure 8)\n\n" + figure8_markdown(sweep["cells"]))
     else:
         parts.append("## Accuracy with quantized attention\n\nNot run.")
-    parts += extra_sections
+    write_sections(path, parts + list(extra_sections))
+
+
+def write_sections(path: Path, parts: Sequence[str]) -> None:
+    """Write report.md (atomically): `parts` joined, then a Plots section listing the PNGs beside it."""
     plots = sorted(p.name for p in path.parent.glob("*.png"))
     if plots:
-        parts.append("## Plots\n\n" + "\n".join(f"![{name}]({name})" for name in plots))
+        parts = [*parts, "## Plots\n\n" + "\n".join(f"![{name}]({name})" for name in plots)]
     with atomic_file(path) as tmp:
         tmp.write_text("\n\n".join(parts) + "\n", encoding="utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -40,43 +41,84 @@ def invalid_reason(cell: Cell) -> str:
     return "" if cell.valid else f"non-finite logits at {cell.nonfinite_logits:,} scored positions"
 
 
-def plot_sweep(cells: Sequence[Cell], path: str | Path, metric: str, force: bool = False) -> None:
-    """Figure-8-style chart: `metric` (the task's headline) vs bits (widest first), one line per model × method
-    × site, each model's unquantized reference as a dashed line in the model's colour. It replaces an existing
-    file only if quantdiff wrote it (its Creator metadata), or with `force`."""
+@dataclass(frozen=True)
+class SweepPoint:
+    """One cell of the chart: a model's headline value at (method, site, bits), bits None for the unquantized
+    reference; low/high: its 95% interval across seeds (None for one seed)."""
+
+    model: str
+    method: str | None
+    site: str | None
+    bits: int | None
+    value: float | None  # None: an invalid cell (non-finite logits), a gap in its line
+    low: float | None = None
+    high: float | None = None
+
+
+def cell_points(cells: Sequence[Cell], metric: str) -> list[SweepPoint]:
+    """The chart's points of one seed's cells (no intervals)."""
+    return [SweepPoint(c.model, c.method, c.site, c.bits, c.metrics.get(metric) if c.valid else None) for c in cells]
+
+
+METHOD_STYLES = ("-", "--", "-.", ":")
+METHOD_MARKERS = "osD^v"
+
+
+def plot_sweep(points: Sequence[SweepPoint], path: str | Path, metric: str, title: str, force: bool = False) -> None:
+    """Write `sweep_figure` to `path` (its format from the suffix). It replaces an existing file only if
+    quantdiff wrote it (its Creator metadata), or with `force`."""
+    import matplotlib.pyplot as plt
+
+    fig = sweep_figure(points, metric, title)
+    with atomic_file(path, force, "--plot") as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", dpi=150, bbox_inches="tight", metadata=plot_metadata())
+    plt.close(fig)
+
+
+def sweep_figure(points: Sequence[SweepPoint], metric: str, title: str):
+    """Figure-8-style small multiples: a panel per site, `metric` against bits (widest first); models are
+    colours, methods line styles, error bars the 95% interval across seeds; each model's unquantized reference
+    is a dotted line in its colour; the legend sits outside the panels so no point is hidden."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    bits = sorted({c.bits for c in cells if c.bits is not None}, reverse=True)
-    x_of = {b: i for i, b in enumerate(bits)}  # evenly spaced, as the paper's x axis
-    models = list(dict.fromkeys(c.model for c in cells))
-    lines = list(dict.fromkeys((c.method, c.site) for c in cells if not c.is_reference))
+    quantized = [p for p in points if p.bits is not None]
+    sites = list(dict.fromkeys(p.site for p in quantized)) or [None]
+    bits = sorted({p.bits for p in quantized}, reverse=True)
+    models = list(dict.fromkeys(p.model for p in points))
+    methods = list(dict.fromkeys(p.method for p in quantized))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    markers = "osD^vP*X"
-    styles = ["-", "-.", ":", (0, (5, 1))]  # "--" is the reference's; lines that coincide stay distinguishable
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m, model in enumerate(models):
-        colour = colours[m % len(colours)]
-        for reference in (c for c in cells if c.model == model and c.is_reference and c.valid):
-            ax.axhline(reference.metrics[metric], color=colour, linestyle="--", linewidth=1, label=f"{model} unquantized")
-        for n, (method, site) in enumerate(lines):
-            # An invalid cell is a gap in its line, not a point.
-            points = sorted((x_of[c.bits], c.metrics[metric]) for c in cells if c.model == model and (c.method, c.site) == (method, site) and c.valid)
-            if points:
-                xs, ys = zip(*points)
-                ax.plot(xs, ys, color=colour, marker=markers[n % len(markers)], linestyle=styles[n % len(styles)], label=f"{model} {method} @{site}")
-    if all(c.metrics[metric] >= 0 for c in cells if c.valid):
-        ax.set_ylim(bottom=max(ax.get_ylim()[0], 0.0))  # no negative ticks for accuracies and losses
-    ax.set_xticks(range(len(bits)), [str(b) for b in bits])
-    ax.set_xlabel("bits")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{cells[0].task}: {metric} vs bits")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:  # every cell invalid: an empty chart, without matplotlib's warning
-        ax.legend(fontsize=7)
+    colour = {model: colours[i % len(colours)] for i, model in enumerate(models)}
+    style = {method: (METHOD_STYLES[i % len(METHOD_STYLES)], METHOD_MARKERS[i % len(METHOD_MARKERS)]) for i, method in enumerate(methods)}
+    width = 0.5 / max(1, len(models) * len(methods))  # the lines of one bit width side by side, not on top of each other
+    fig, axes = plt.subplots(1, len(sites), figsize=(3.4 * len(sites), 3.6), sharey=True, squeeze=False)
+    for ax, site in zip(axes[0], sites):
+        for m, model in enumerate(models):
+            for reference in (p for p in points if p.model == model and p.bits is None and p.value is not None):
+                ax.axhline(reference.value, color=colour[model], linestyle=":", linewidth=1)
+            for k, method in enumerate(methods):
+                line = sorted((p for p in quantized if (p.model, p.site, p.method) == (model, site, method) and p.value is not None), key=lambda p: -p.bits)
+                if not line:
+                    continue
+                offset = (m * len(methods) + k - (len(models) * len(methods) - 1) / 2) * width
+                xs = [bits.index(p.bits) + offset for p in line]
+                ys = [p.value for p in line]
+                errors = [[p.value - p.low if p.low is not None else 0.0 for p in line], [p.high - p.value if p.high is not None else 0.0 for p in line]]
+                linestyle, marker = style[method]
+                ax.errorbar(xs, ys, yerr=errors, color=colour[model], linestyle=linestyle, marker=marker, markersize=4, capsize=2, linewidth=1.2, zorder=3)
+        ax.set_xticks(range(len(bits)), [str(b) for b in bits])
+        ax.set(xlabel="bits", title=f"site {site}")
+        ax.grid(alpha=0.3)
+    if all(p.value >= 0 for p in points if p.value is not None) and any(p.value is not None for p in points):
+        axes[0][0].set_ylim(bottom=max(axes[0][0].get_ylim()[0], 0.0))  # no negative ticks for accuracies and losses
+    axes[0][0].set_ylabel(metric)
+    handles = [Line2D([], [], color=colour[m], linewidth=2, label=m) for m in models]
+    handles += [Line2D([], [], color="black", linestyle=style[k][0], marker=style[k][1], label=str(k)) for k in methods]
+    handles.append(Line2D([], [], color="grey", linestyle=":", label="unquantized"))
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
+    fig.suptitle(title)
     fig.tight_layout()
-    with atomic_file(path, force, "--plot") as tmp:
-        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", dpi=150, metadata=plot_metadata())
-    plt.close(fig)
+    return fig

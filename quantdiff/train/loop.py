@@ -325,7 +325,7 @@ class Run:
 
 def new_state(recipe: Recipe) -> dict:
     empty = lambda: {name: [] for name in recipe.arm_names}  # noqa: E731
-    return {"recipe": recipe.source, "step": 0, "elapsed_s": 0.0, "loss": empty(), "held_out": empty(), "outliers": empty()}
+    return {"recipe": recipe.source, "seed": recipe.train.seed, "step": 0, "elapsed_s": 0.0, "loss": empty(), "held_out": empty(), "outliers": empty()}
 
 
 def start_run(recipe: Recipe, out: Path, checkpoint: Checkpoint, force: bool, console) -> Run:
@@ -467,6 +467,8 @@ def finish(run: Run, console) -> dict[str, Path]:
             "kind": arm.kind,
             "arm": dataclasses.asdict(arm) | {"lr": arm.peak_lr(cfg), "weight_decay": arm.decay(cfg)},
             "recipe": recipe.name,
+            "seed": cfg.seed,  # initialisation and batches (a multi-seed run: this directory's seed)
+            "threads": torch.get_num_threads(),  # CPU results are bit-reproducible at the same thread count
             "corpora": list(recipe.data.corpus_names),
             "steps": cfg.steps,
             "tokens": cfg.tokens,

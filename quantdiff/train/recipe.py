@@ -87,6 +87,9 @@ class TrainConfig:
     bos: bool = False
     grad_clip: float = 1.0  # max gradient norm; 0 = no clipping (as Guo et al. train Bigram-Backcopy)
     seed: int = 0  # initialisation, batch order and needle documents: same for both kinds
+    # Several seeds: each trains every arm (OUT/seed-<s>/<arm>); `seed`, if also given, must be one of them and
+    # names the seed whose models stand for the run where one set is used (a shipped built-in). Empty: `seed` only.
+    seeds: list[int] = field(default_factory=list)
     dtype: str = "float32"  # "bf16" = bfloat16 autocast, CUDA only (weights and optimizer stay float32)
     device: str = "auto"  # "auto" = CUDA when present
     compile: bool = False  # torch.compile the training step's model
@@ -207,6 +210,7 @@ def parse_recipe(source: str, name: str) -> Recipe:
     recipe = Recipe(name=name, source=source, model=model, arms=arms, **sections)
     _check(recipe)
     _check_emergence_options(recipe)
+    _check_seeds(recipe.train, doc.get("train", {}))
     return recipe
 
 
@@ -394,6 +398,21 @@ def _check_synthetic(recipe: Recipe) -> None:
         raise ConfigError(f"[data] {bigram_backcopy.NAME} has no needle or copy rows: set retrieval_fraction = 0")
     if not recipe.train.bos:
         raise ConfigError(f"[train] bos must be true for {bigram_backcopy.NAME}: every sequence starts with BOS")
+
+
+def _check_seeds(train: TrainConfig, table: dict) -> None:
+    """`seeds`: a non-empty list of distinct whole numbers in torch's seed range, holding `seed` if both are given."""
+    if "seeds" not in table:
+        return
+    seeds = train.seeds
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ConfigError(f"[train] seeds must be a non-empty list of whole numbers, got {seeds!r}")
+    for seed in seeds:
+        check_seed(seed, "[train] seeds: each seed")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"[train] seeds lists a seed twice: {seeds}")
+    if "seed" in table and train.seed not in seeds:
+        raise ConfigError(f"[train] seed {train.seed} is not one of seeds {seeds} (it names the seed that stands for the run)")
 
 
 def _check_emergence_options(recipe: Recipe) -> None:

@@ -4,19 +4,25 @@ The state decides how many steps are left and what the finished run reports (its
 so a value the run itself could not have written (a step outside 0..steps, a curve of the wrong length, a
 string where a loss belongs) is refused with one line instead of training the wrong number of steps or
 saving a partly trained pair as finished.
+
+A checkpoint (or a finished seed of a multi-seed run) belongs to a recipe when that recipe trains the same
+models from the same seed: the same text, or the same data, sizes, arms and [train] settings but for the `seeds`
+list, so that seeds can be added to a run (`same_training`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
 
 from quantdiff.core.errors import ConfigError, LoadError
-from quantdiff.train.recipe import Recipe
+from quantdiff.train.recipe import Recipe, parse_recipe
 
 FIELDS = ("recipe", "step", "elapsed_s", "loss", "held_out")
-OPTIONAL_FIELDS = ("outliers",)  # absent from checkpoints written before emergence tracking
+# outliers: absent from checkpoints written before emergence tracking; seed: before multi-seed training
+OPTIONAL_FIELDS = ("outliers", "seed")
 
 
 def _is_int(value: Any) -> bool:
@@ -49,6 +55,8 @@ def _check_fields(state: Any, recipe: Recipe) -> dict:
     unknown = sorted(set(state) - set(FIELDS) - set(OPTIONAL_FIELDS))
     if missing or unknown:
         raise ValueError(f"lacks {', '.join(missing)}" if missing else f"has unknown field {unknown[0]!r}")
+    if "seed" in state and not _is_int(state["seed"]):
+        raise ValueError(f"seed {state['seed']!r} is not a whole number")
     step = state["step"]
     if not _is_int(step) or not 0 <= step <= cfg.steps:
         raise ValueError(f"step {step!r} is not a whole number in 0..{cfg.steps} (the recipe's steps)")
@@ -78,10 +86,30 @@ def _check_fields(state: Any, recipe: Recipe) -> dict:
     }
 
 
+def _training(recipe: Recipe) -> tuple:
+    """What decides the trained models for a given seed: data, sizes, arms and [train] but its seed list
+    ([tasks] sizes the final checks in the train log, [analysis] the later reports: neither changes a weight)."""
+    return recipe.data, recipe.model, recipe.arms, dataclasses.replace(recipe.train, seed=0, seeds=[])
+
+
+def same_training(saved_source: str, recipe: Recipe, seed: int | None = None) -> bool:
+    """True when recipe text `saved_source` (which trained `seed`; None: the seed it names) trains what `recipe`
+    trains from its [train] seed: the same text, or the same training but for its seed list."""
+    if saved_source == recipe.source and seed == recipe.train.seed:
+        return True
+    try:
+        saved = parse_recipe(saved_source, recipe.name)
+    except ConfigError:
+        return False
+    return _training(saved) == _training(recipe) and (saved.train.seed if seed is None else seed) == recipe.train.seed
+
+
 def checked_state(state: Any, recipe: Recipe, where: Path) -> dict:
     """`state` (read from `where`) if every field is one this recipe's run could have written; else one line."""
-    if isinstance(state, dict) and "recipe" in state and state["recipe"] != recipe.source:
-        raise ConfigError(f"the checkpoint in {where} was made by a different recipe: remove it or pass --force")
+    if isinstance(state, dict) and isinstance(state.get("recipe"), str):
+        seed = state.get("seed")
+        if not same_training(state["recipe"], recipe, seed if _is_int(seed) else None):
+            raise ConfigError(f"the checkpoint in {where} was made by a different recipe: remove it or pass --force")
     try:
         return _check_fields(state, recipe)
     except ValueError as exc:

@@ -9,7 +9,7 @@ import typer
 
 
 def reproduce(
-    target: Annotated[str, typer.Argument(help="'tiny' or 'bb' (shipped models), or a recipe name/path (its arms are trained into runs/ if missing).")] = "tiny",
+    target: Annotated[str, typer.Argument(help="'tiny' or 'bb' (shipped models), a recipe name/path (its arms, every seed, are trained into runs/ if missing), or a training output directory.")] = "tiny",
     out: Annotated[Path, typer.Option("--out", help="Report directory (report.md, JSON, PNG plots).")] = Path("report"),
     tasks: Annotated[Optional[str], typer.Option("--tasks", help="Comma-separated tasks to sweep: lm, choice, retrieval, bb (the linear site is swept on lm and bb only); default lm,choice,retrieval, or bb for bigram-backcopy models.")] = None,
     stats_tokens: Annotated[Optional[int], typer.Option("--stats-tokens", help="Held-out tokens per model for the statistics (default: the recipe's).")] = None,
@@ -18,7 +18,7 @@ def reproduce(
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it holds an earlier report (never anything else).")] = False,
     real_model: Annotated[str, typer.Option("--real-model", help="A real pretrained model measured too (built-in name or model directory): statistics, lm sweep at linear and qk, weight-only formats. 'none' skips it.")] = "smollm2",
 ) -> None:
-    """Reproduce the paper's Table 5 and Figure 8 analyses on matched models (a standard/Diff pair or a recipe's arms), beside the paper's numbers."""
+    """Reproduce the paper's Table 5 and Figure 8 analyses on matched models (a standard/Diff pair or a recipe's arms; over several seeds, with 95% intervals), beside the paper's numbers."""
     from quantdiff.report.console import line_console
 
     from quantdiff.cli.validate import check_list, check_positive

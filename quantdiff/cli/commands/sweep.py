@@ -82,9 +82,9 @@ def sweep(
     cells = run_models(specs, the_task, plan.configs, limit, target, bars_quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)
     report(cells, the_task, json_path, quiet, model_sources(specs), force)
     if plot is not None:
-        from quantdiff.report.sweep_report import plot_sweep
+        from quantdiff.report.sweep_report import cell_points, plot_sweep
 
-        plot_sweep(cells, plot, the_task.headline, force)
+        plot_sweep(cell_points(cells, the_task.headline), plot, the_task.headline, f"{the_task.name}: {the_task.headline} vs bits", force)
         if not quiet:
             notes.print(f"plot -> {plot}")
 

@@ -1,0 +1,363 @@
+"""Multi-seed training and its report: the seed list is validated, every seed trains every arm into
+OUT/seed-<s>/ with the losses the pre-change code gave for that seed (tests/data/bb_micro_loss_trace.json),
+an interrupted run resumes without touching finished seeds, and `reproduce` summarises the seeds in a
+seeds.json that is recomputed here independently (numpy, statistics and closed-form t quantiles) from the
+per-seed JSON beside it."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quantdiff.core.errors import ConfigError
+from quantdiff.eval.tasks.registry import headline_metric
+from quantdiff.train import loop as training
+from quantdiff.train.recipe import parse_recipe
+from quantdiff.train.seeds import for_seed, run_dirs, seed_list, train_seeds, unfinished
+
+TRACE = json.loads((Path(__file__).parent / "data" / "bb_micro_loss_trace.json").read_text())
+ARMS = ("standard", "diff", "standard-sgd")
+# The recipe the trace was made with (one run per seed, `seed = s`, at commit c26f97c); here with a seed list.
+MICRO_BB = """
+[data]
+corpus = "bigram-backcopy"
+retrieval_fraction = 0.0
+
+[model]
+hidden_size = 16
+num_layers = 2
+num_heads = 2
+vocab_size = 83
+max_position_embeddings = 16
+
+[train]
+steps = 8
+batch_size = 8
+seq_len = 16
+lr = 7e-3
+min_lr = 2e-3
+warmup_steps = 2
+adam_beta2 = 0.99
+bos = true
+grad_clip = 0.0
+SEEDS
+dtype = "float32"
+device = "cpu"
+checkpoint_every = 4
+eval_every = 4
+eval_batches = 1
+outlier_sequences = 2
+
+[tasks]
+lm_tokens = 256
+bb_sequences = 8
+
+[analysis]
+stats_tokens = 256
+seq_len = 16
+bits = [8, 4]
+methods = ["absmax", "llm_int8"]
+sites = ["logits", "qk", "linear"]
+
+[[arms]]
+name = "standard"
+kind = "standard"
+
+[[arms]]
+name = "diff"
+kind = "diff"
+
+[[arms]]
+name = "standard-sgd"
+kind = "standard"
+optimizer = "sgd"
+lr = 0.03
+momentum = 0.9
+weight_decay = 1e-4
+"""
+# The saved trace holds the losses as the train log rounds them (5 decimals). On the machine that made it they
+# agree exactly; another CPU's kernels may round a last bit differently, hence the tolerance of 2 log units.
+TRACE_TOLERANCE = 2e-5
+
+
+def micro(seeds: str = "seeds = [0, 7]"):
+    return parse_recipe(MICRO_BB.replace("SEEDS", seeds), "micro")
+
+
+@pytest.mark.parametrize("seeds, message", [
+    ("seeds = []", "non-empty list"),
+    ("seeds = 3", "seeds must be a list"),
+    ("seeds = [1, true]", "whole numbers"),
+    ("seeds = [1.5]", "whole numbers"),
+    ("seeds = [-1]", "must be in 0..2\\*\\*64 - 1, got -1"),
+    (f"seeds = [{2**64}]", "must be in 0..2"),
+    ("seeds = [3, 4, 3]", "lists a seed twice"),
+    ("seed = 5\nseeds = [3, 4]", "seed 5 is not one of seeds"),
+])
+def test_a_bad_seed_list_is_refused_by_name(seeds, message):
+    with pytest.raises(ConfigError, match=message):
+        micro(seeds)
+
+
+def test_seed_lists_and_the_single_seed_layout():
+    single = micro("seed = 3")
+    assert seed_list(single) == (3,) and run_dirs(single, "out") == {3: Path("out")}  # unchanged: OUT/<arm>
+    several = micro("seed = 7\nseeds = [0, 7]")
+    assert seed_list(several) == (0, 7) and run_dirs(several, "out") == {0: Path("out/seed-0"), 7: Path("out/seed-7")}
+    assert for_seed(several, 0).train.seed == 0 and for_seed(several, 0).train.seeds == [0, 7]
+    assert run_dirs(micro("seeds = [2]"), "out") == {2: Path("out/seed-2")}  # a seed list keeps its layout, even of one
+
+
+def _losses(out: Path, seed: int) -> dict[str, dict]:
+    logs = {arm: json.loads((out / f"seed-{seed}" / arm / "train_log.json").read_text()) for arm in ARMS}
+    assert all(log["seed"] == seed for log in logs.values())
+    return logs
+
+
+def _matches_trace(logs: dict[str, dict], seed: int) -> None:
+    for arm, log in logs.items():
+        saved = TRACE["seeds"][str(seed)][arm]
+        assert log["train_loss_curve"] == pytest.approx(saved["train_loss_curve"], rel=0, abs=TRACE_TOLERANCE), (seed, arm)
+        assert log["held_out_loss"] == pytest.approx(saved["held_out_loss"], rel=1e-5), (seed, arm)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """Seeds 0 and 7 of the micro recipe, trained as an interrupted run resumed: seed 0 first alone, then the
+    list grown to [0, 7] and interrupted in seed 7, then resumed."""
+    out = tmp_path_factory.mktemp("seeds") / "runs"
+    assert set(train_seeds(micro("seeds = [0]"), out)) == {0}
+    finished = {p: p.stat().st_mtime_ns for p in (out / "seed-0").rglob("*") if p.is_file()}
+    recipe = micro()
+    assert train_seeds(recipe, out, stop_after=4) is None
+    assert unfinished(out, recipe) == [out / "seed-7"]
+    assert json.loads((out / "seed-7" / training.CHECKPOINT / "state.json").read_text())["seed"] == 7
+    runs = train_seeds(recipe, out)
+    assert runs == {s: {arm: out / f"seed-{s}" / arm for arm in ARMS} for s in (0, 7)} and not unfinished(out, recipe)
+    assert {p: p.stat().st_mtime_ns for p in (out / "seed-0").rglob("*") if p.is_file()} == finished  # untouched
+    return out
+
+
+def test_every_seed_trains_every_arm_with_the_losses_of_the_code_before_seed_lists(trained):
+    for seed in (0, 7):
+        _matches_trace(_losses(trained, seed), seed)
+    # the seeds differ, the arms of one seed share their initial weights and batches
+    assert _losses(trained, 0)["standard"]["train_loss_curve"] != _losses(trained, 7)["standard"]["train_loss_curve"]
+    for seed in (0, 7):
+        logs = _losses(trained, seed)
+        assert logs["standard"]["train_loss_curve"][0] == logs["standard-sgd"]["train_loss_curve"][0]
+
+
+def test_a_finished_seed_of_another_recipe_is_refused_and_force_retrains(trained, tmp_path):
+    other = parse_recipe(MICRO_BB.replace("SEEDS", "seeds = [0, 7]").replace("lr = 7e-3", "lr = 5e-3"), "micro")
+    with pytest.raises(ConfigError, match="trained by a different recipe"):
+        train_seeds(other, trained)
+    with pytest.raises(ConfigError, match="--jobs must be at least 1"):
+        train_seeds(micro(), tmp_path, jobs=0)
+
+
+# Closed-form t quantiles (independent of the code's incomplete-beta inversion): df 1 is the Cauchy
+# distribution, t = tan(π(p − ½)); df 2 has t = (2p − 1) / √(2p(1 − p)).
+def t975(df: int) -> float:
+    p = 0.975
+    return {1: math.tan(math.pi * (p - 0.5)), 2: (2 * p - 1) / math.sqrt(2 * p * (1 - p))}[df]
+
+
+def _interval(values: list[float], log: bool = False) -> tuple[float, float, float]:
+    x = np.log(values) if log else np.asarray(values, dtype=float)
+    half = t975(len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    back = np.exp if log else (lambda v: v)
+    return float(back(x.mean())), float(back(x.mean() - half)), float(back(x.mean() + half))
+
+
+def _check_summary(summary: dict, values: list[float], log: bool = False) -> None:
+    mean, low, high = _interval(values, log)
+    assert summary["n"] == len(values)
+    assert (summary["mean"], summary["low"], summary["high"]) == pytest.approx((mean, low, high), rel=1e-9, abs=1e-12)
+
+
+def _independent_values(report: Path, seed: int) -> dict[str, dict[str, float | None]]:
+    """{metric key: {arm: value}} read straight from seed-<s>/stats.json and sweep.json."""
+    stats = json.loads((report / f"seed-{seed}" / "stats.json").read_text())
+    sweep = json.loads((report / f"seed-{seed}" / "sweep.json").read_text())
+    values: dict[str, dict] = {"table5/attention_logits/top1": {}, "table5/hidden_states/top1": {}, "sinks/score": {}, "sinks/bos_peak_over_median": {}}
+    for m in stats["models"]:
+        values["table5/attention_logits/top1"][m["name"]] = max(abs(t["value"]) for t in m["attention_logits"]["topk"])
+        values["table5/hidden_states/top1"][m["name"]] = max(abs(t["value"]) for t in m["hidden_states"]["topk"])
+        values["sinks/score"][m["name"]] = m["sinks"]["score"]
+        values["sinks/bos_peak_over_median"][m["name"]] = m["hidden_states"]["first_position"]["max"] / m["hidden_states"]["median"]
+    for c in sweep["cells"]:
+        key = f"sweep/{c['task']}/unquantized" if c["bits"] is None else f"sweep/{c['task']}/{c['site']}/{c['method']}/{c['bits']}"
+        values.setdefault(key, {})[c["model"]] = c[headline_metric(c["task"])] if c["valid"] else None
+    return values
+
+
+@pytest.fixture(scope="module")
+def report(trained, tmp_path_factory) -> Path:
+    from quantdiff.cli.app import main
+
+    out = tmp_path_factory.mktemp("report") / "rep"
+    main(["reproduce", str(trained), "--out", str(out), "--real-model", "none"])
+    return out
+
+
+def test_reproduce_summarises_the_seeds_as_an_independent_recomputation_does(report):
+    doc = json.loads((report / "seeds.json").read_text())
+    assert doc["seeds"] == [0, 7] and list(doc["arms"]) == list(ARMS) and doc["reference"] == "standard"
+    values = {seed: _independent_values(report, seed) for seed in (0, 7)}
+    assert set(doc["metrics"]) == set(values[0])
+    for key, block in doc["metrics"].items():
+        log = key == "sinks/bos_peak_over_median"
+        for arm in ARMS:
+            per_seed = [values[s][key][arm] for s in (0, 7)]
+            assert block["arms"][arm]["per_seed"] == {"0": per_seed[0], "7": per_seed[1]}
+            if len(set(per_seed)) > 1:
+                _check_summary(block["arms"][arm], per_seed, log)
+            else:
+                summary = block["arms"][arm]
+                assert (summary["low"], summary["mean"], summary["high"]) == pytest.approx((per_seed[0],) * 3)
+            if arm == "standard":
+                continue
+            reference = [values[s][key]["standard"] for s in (0, 7)]
+            ratio = key.startswith("table5/") or log
+            compared = [r / a for r, a in zip(reference, per_seed)] if ratio else [a - r for r, a in zip(reference, per_seed)]
+            pair = block["paired"][arm]
+            assert list(pair["per_seed"].values()) == pytest.approx(compared, rel=1e-12)
+            if len(set(compared)) > 1:
+                _check_summary(pair, compared, log=ratio)
+            neutral = 1.0 if ratio else 0.0
+            higher = sum(c > neutral for c in compared) if ratio else sum(c < neutral for c in compared)
+            assert (pair["reference_higher"], pair["equal"]) == (higher, sum(c == neutral for c in compared))
+    for arm in ARMS:  # share of seeds with a sink head, Clopper-Pearson's closed forms at k = 0 and k = n
+        k = sum(values[s]["sinks/score"][arm] > 0 for s in (0, 7))
+        share = doc["sink_share"][arm]
+        assert (share["k"], share["n"]) == (k, 2)
+        if k == 0:
+            assert (share["low"], share["high"]) == pytest.approx((0.0, 1 - 0.025 ** 0.5))
+        if k == 2:
+            assert (share["low"], share["high"]) == pytest.approx((0.025 ** 0.5, 1.0))
+
+
+def test_the_emergence_curves_are_the_seeds_mean_with_a_t_band(report, trained):
+    doc = json.loads((report / "seeds.json").read_text())
+    curve = doc["emergence"]["hidden_states/top1"]["arms"]["diff"]
+    logs = {s: json.loads((trained / f"seed-{s}" / "diff" / "train_log.json").read_text()) for s in (0, 7)}
+    assert curve["steps"] == [4, 8] and curve["tokens"] == [4 * 8 * 16, 8 * 8 * 16]
+    for i in range(2):
+        values = [logs[s]["outliers"][i]["hidden_states"]["top1"] for s in (0, 7)]
+        mean, low, high = _interval(values)
+        assert (curve["mean"][i], curve["low"][i], curve["high"][i]) == pytest.approx((mean, low, high))
+        assert [curve["per_seed"][str(s)][i] for s in (0, 7)] == values
+
+
+def test_the_multi_seed_report_states_its_method_and_shows_intervals(report):
+    text = (report / "report.md").read_text()
+    assert "Student t over the per-seed values" in text and "Clopper-Pearson" in text and "2 seeds (0, 7)" in text
+    doc = json.loads((report / "seeds.json").read_text())
+    top1 = doc["metrics"]["table5/hidden_states/top1"]["arms"]["diff"]
+    assert f"| diff | diff | " in text and f"{top1['mean']:.3g} [{top1['low']:.3g}, {top1['high']:.3g}]" in text
+    assert "seeds: standard higher / arm higher / equal" in text
+    assert {p.name for p in report.glob("*.png")} == {"sweep_bb.png", "emergence.png"}
+    assert sorted(p.name for p in (report / "seed-7").iterdir()) == ["stats.json", "sweep.json"]
+
+
+def test_the_published_multi_seed_tables_sit_beside_the_live_seed(report, monkeypatch, tmp_path):
+    from quantdiff.across_seeds import published
+    from quantdiff.core.errors import LoadError
+    from quantdiff.jobs.reproduce import published_section
+
+    monkeypatch.setitem(published.PUBLISHED, "bb", report / "seeds.json")
+    live = json.loads((report / "seed-7" / "stats.json").read_text())
+    section = published_section("bb", 7, live)
+    doc = json.loads((report / "seeds.json").read_text())
+    top1 = doc["metrics"]["table5/attention_logits/top1"]["arms"]["diff"]
+    value = top1["per_seed"]["7"]
+    assert section.startswith("## Across seeds (multi-seed, published)")
+    # measured live on seed 7 = the published value of seed 7, beside the published mean over both seeds
+    assert f"| Top-1 attention logit (abs) | diff | {value:.3g} | {value:.3g} | {top1['mean']:.3g} [{top1['low']:.3g}, {top1['high']:.3g}] |" in section
+    assert "## Paired comparisons with `standard` (multi-seed, published)" in section
+    assert "not among the published seeds" in published_section("bb", 3, live)
+    monkeypatch.setitem(published.PUBLISHED, "bb", tmp_path / "absent.json")
+    assert "Not available" in published_section("bb", 7, live)
+    for broken, message in (({"schema": "x"}, "not a quantdiff across-seed document"), ({**doc, "version": 9}, "version 9"),
+                            ({**doc, "seeds": []}, "'seeds' must list"), ({k: v for k, v in doc.items() if k != "metrics"}, "'metrics' is missing")):
+        (tmp_path / "bad.json").write_text(json.dumps(broken))
+        monkeypatch.setitem(published.PUBLISHED, "bb", tmp_path / "bad.json")
+        with pytest.raises(LoadError, match=message):
+            published_section("bb", 7, live)
+
+
+@pytest.mark.slow
+def test_seeds_in_worker_processes_train_what_one_process_trains_at_the_same_thread_count(tmp_path):
+    import torch
+
+    threads = max(1, torch.get_num_threads() // 2)  # what each of two workers gets
+    train_seeds(micro(), tmp_path / "parallel", jobs=2)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        train_seeds(micro(), tmp_path / "sequential")
+    finally:
+        torch.set_num_threads(previous)
+    for seed in (0, 7):
+        parallel, sequential = _losses(tmp_path / "parallel", seed), _losses(tmp_path / "sequential", seed)
+        for arm in ARMS:
+            assert parallel[arm]["threads"] == sequential[arm]["threads"] == threads
+            assert parallel[arm]["train_loss_curve"] == sequential[arm]["train_loss_curve"]
+            assert parallel[arm]["held_out_loss"] == sequential[arm]["held_out_loss"]
+        _matches_trace(parallel, seed)
+        assert (tmp_path / "parallel" / f"seed-{seed}" / "train_output.txt").read_text().count("held-out loss") == len(ARMS)
+
+
+def _cli_error(args: list[str], capsys) -> str:
+    from quantdiff.cli.app import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err
+    return err
+
+
+def test_bad_multi_seed_commands_are_one_error_line(trained, tmp_path, capsys):
+    recipe = tmp_path / "micro.toml"
+    recipe.write_text(MICRO_BB.replace("SEEDS", "seeds = [0, 7]"))
+    assert "--jobs must be positive" in _cli_error(["train", str(recipe), "--out", str(tmp_path / "o"), "--jobs", "0"], capsys)
+    (tmp_path / "bad.toml").write_text(MICRO_BB.replace("SEEDS", "seeds = [1, 1]"))
+    assert "lists a seed twice" in _cli_error(["train", str(tmp_path / "bad.toml")], capsys)
+    partial = tmp_path / "partial"
+    (partial / "seed-7").mkdir(parents=True)
+    for arm in ARMS:  # seed 7 as trained by the recipe listing [0, 7]; seed 0 never started
+        (partial / "seed-7" / arm).symlink_to(trained / "seed-7" / arm)
+    message = _cli_error(["reproduce", str(partial), "--out", str(tmp_path / "r"), "--real-model", "none"], capsys)
+    assert "seed-0 is not fully trained" in message
+    (tmp_path / "empty").mkdir()
+    assert "holds no trained models" in _cli_error(["reproduce", str(tmp_path / "empty"), "--out", str(tmp_path / "r")], capsys)
+
+
+def test_a_saved_recipe_trains_the_same_models_unless_training_changed():
+    from quantdiff.train.resume_state import same_training
+
+    text = MICRO_BB.replace("SEEDS", "seeds = [0, 7]")
+    seven = for_seed(micro(), 7)
+    assert same_training(text, seven, 7) and not same_training(text, seven, 0)
+    assert same_training(MICRO_BB.replace("SEEDS", "seeds = [7]"), seven, 7)  # seeds added later
+    assert same_training(text.replace("stats_tokens = 256", "stats_tokens = 512"), seven, 7)  # analysis: no weight changes
+    assert not same_training(text.replace("lr = 7e-3", "lr = 5e-3"), seven, 7)
+    assert not same_training(text.replace('name = "diff"', 'name = "diff2"'), seven, 7)
+    assert not same_training("not toml [", seven, 7)
+    assert same_training(MICRO_BB.replace("SEEDS", "seed = 7"), for_seed(micro("seed = 7"), 7))  # an old log: its recipe's seed
+
+
+def test_a_single_seed_recipe_keeps_refusing_to_overwrite_its_models(tmp_path):
+    for arm in ARMS:
+        (tmp_path / arm).mkdir()
+        (tmp_path / arm / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="already exist .*--force"):
+        train_seeds(micro("seed = 0"), tmp_path)

@@ -30,7 +30,7 @@ from quantdiff.eval.sweep import Cell  # noqa: E402
 from quantdiff.models.names import ASSETS  # noqa: E402
 from quantdiff.quant import export as export_module  # noqa: E402
 from quantdiff.quant.formats import AbsmaxExport  # noqa: E402
-from quantdiff.report.sweep_report import plot_sweep  # noqa: E402
+from quantdiff.report.sweep_report import cell_points, plot_sweep  # noqa: E402
 from test_bad_input import tree_hashes  # noqa: E402
 from test_bigram_backcopy import MICRO as BB_MICRO  # noqa: E402
 
@@ -210,17 +210,17 @@ def _cells() -> list[Cell]:
 @pytest.mark.parametrize("suffix", [".png", ".pdf", ".svg"])
 def test_plots_carry_our_mark_and_replace_only_ours(tmp_path, suffix):
     plot = tmp_path / f"figure{suffix}"
-    plot_sweep(_cells(), plot, "accuracy")
+    plot_sweep(cell_points(_cells(), "accuracy"), plot, "accuracy", "title")
     assert written_by_quantdiff(plot)
-    plot_sweep(_cells(), plot, "accuracy")  # ours: replaced without --force
+    plot_sweep(cell_points(_cells(), "accuracy"), plot, "accuracy", "title")  # ours: replaced without --force
     foreign = tmp_path / f"precious{suffix}"
     _user_plot(foreign)
     before = foreign.read_bytes()
     assert not written_by_quantdiff(foreign)
     with pytest.raises(ConfigError, match="not written by quantdiff"):
-        plot_sweep(_cells(), foreign, "accuracy")
+        plot_sweep(cell_points(_cells(), "accuracy"), foreign, "accuracy", "title")
     assert foreign.read_bytes() == before
-    plot_sweep(_cells(), foreign, "accuracy", force=True)
+    plot_sweep(cell_points(_cells(), "accuracy"), foreign, "accuracy", "title", force=True)
     assert written_by_quantdiff(foreign)
 
 

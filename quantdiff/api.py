@@ -12,8 +12,9 @@ from quantdiff.core.errors import LoadError
 from quantdiff.data.sources import Batch, make_batches
 from quantdiff.models import loading
 from quantdiff.models.names import resolve
-from quantdiff.quant import checkpoint, export
+from quantdiff.quant import checkpoint, export, gguf_export
 from quantdiff.quant.formats import ExportFormat
+from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.stats.collect import DEFAULT_K
 from quantdiff.stats.collect import collect_stats as collect_batches
 from quantdiff.stats.model_stats import ModelStats
@@ -59,7 +60,10 @@ def collect_stats(
 
 
 def export_quantized(model: str | Path, out: str | Path, fmt: ExportFormat, **kwargs) -> export.ExportSummary:
-    """Quantize a model's linear weights and write a model directory at `out` (see `quant.export`)."""
+    """Quantize a model's linear weights and write a model directory at `out` (see `quant.export`), or with a
+    GGUF format (`parse_export(..., format="gguf")`) the GGUF file `out` (see `quant.gguf_export`)."""
+    if isinstance(fmt, GGUFExport):
+        return gguf_export.export_gguf(model, out, fmt, **kwargs)
     return export.export_quantized(_one_model(model), out, fmt, **kwargs)
 
 

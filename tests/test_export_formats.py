@@ -23,8 +23,6 @@ from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.quant.numerics import PerRow
 from quantdiff.quant.sites import AbsmaxMethod, LinearSite, QuantConfig, fake_quant_weight, linear_targets, quantized
 
-compressed_tensors = pytest.importorskip("compressed_tensors", reason="the `serve` extra (scripts/setup.sh installs it)")
-
 # input widths 64 (hidden) and 192 (intermediate): G = 48 does not divide 64, so those layers are written with
 # g = gcd(48, 64) = 16 (the path SmolLM2's 576 inputs take at G = 128), down_proj with 48
 PRESET = SizePreset(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=97, max_position_embeddings=64)
@@ -280,15 +278,10 @@ def test_smollm2_w4_g128_compressed_tensors_equals_our_g128_export(tmp_path):
     groups of 64, each scale twice) to exactly the weights of quantdiff's own G128 export."""
     from transformers import AutoModelForCausalLM
 
-    ours = dict(_linear_weights(_export_and_load(tmp_path / "g128", parse_export("absmax", 4, group_size=128))))
+    ours = _site_weights(resolve("smollm2")[0], 4, 128)  # what our G128 export holds (tests/test_export.py)
     export_quantized(resolve("smollm2")[0], tmp_path / "ct", parse_export("absmax", 4, group_size=128, format="compressed-tensors"))
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "ct")
     with torch.no_grad():
         model(IDS[:1])
     modules = dict(model.named_modules())
     assert len(ours) == 210 and all(torch.equal(modules[fqn].weight, w) for fqn, w in ours.items())
-
-
-def _export_and_load(out, fmt):
-    export_quantized(resolve("smollm2")[0], out, fmt)
-    return load(out)

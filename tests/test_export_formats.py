@@ -220,6 +220,54 @@ def test_gguf_export_round_trips_through_gguf_and_transformers(tmp_path, gguf_ca
     assert load_tokenizer(out)(text)["input_ids"] == load_tokenizer("tiny/standard")(text)["input_ids"]
 
 
+@pytest.fixture(scope="module")
+def qwen_sources(tmp_path_factory):
+    """Tiny random Qwen2 (Q/K/V biases, tied embeddings) and Qwen3 (q/k norms) with the shipped byte-level BPE."""
+    import shutil
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    root, tokenizer = tmp_path_factory.mktemp("qwen"), resolve("tiny/standard")[0]
+    sizes = dict(vocab_size=1536, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    out = {}
+    for cls, config in [(Qwen2ForCausalLM, Qwen2Config(**sizes, tie_word_embeddings=True)), (Qwen3ForCausalLM, Qwen3Config(**sizes, head_dim=128))]:
+        torch.manual_seed(0)
+        model = cls(config)
+        for name, p in model.named_parameters():  # biases and norms away from their 0 / 1 initialisation
+            if name.endswith("bias") or "norm" in name:
+                torch.nn.init.normal_(p, 0.5, 0.1)
+        model.save_pretrained(root / config.model_type)
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tokenizer / file, root / config.model_type / file)
+        out[config.model_type] = root / config.model_type
+    return out
+
+
+@pytest.mark.parametrize("arch,bits", [("qwen2", 8), ("qwen3", 4)])
+def test_gguf_qwen_round_trips_through_transformers(qwen_sources, tmp_path, gguf_cache, arch, bits):
+    import gguf
+
+    out = tmp_path / f"{arch}.gguf"
+    export_gguf(qwen_sources[arch], out, GGUFExport(bits))
+    names = {t.name for t in gguf.GGUFReader(out).tensors}
+    assert ("blk.0.attn_q.bias" in names) == (arch == "qwen2") and ("blk.0.attn_q_norm.weight" in names) == (arch == "qwen3")
+    assert ("output.weight" in names) == (arch == "qwen3")  # Qwen2's embeddings are tied
+    source = loading.load(qwen_sources[arch], device="cpu")
+    back = dict(load(out).named_parameters())
+    with stored_weights(source, GGUFExport(bits)):
+        assert all(torch.equal(p, back[name]) for name, p in source.named_parameters())
+
+
+def test_gguf_qwen3_heads_transformers_cannot_read_back_are_refused(qwen_sources, tmp_path):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(qwen_sources["qwen3"])
+    config.head_dim = 32
+    config.save_pretrained(tmp_path / "q3")
+    with pytest.raises(ConfigError, match="heads of 128; .* has 32"):
+        export_gguf(tmp_path / "q3", tmp_path / "x.gguf", GGUFExport(8))
+
+
 def test_gguf_out_is_replaced_only_when_quantdiff_wrote_it(tmp_path, gguf_cache):
     out = tmp_path / "m.gguf"
     out.write_bytes(b"someone else's")
@@ -285,3 +333,27 @@ def test_smollm2_w4_g128_compressed_tensors_equals_our_g128_export(tmp_path):
         model(IDS[:1])
     modules = dict(model.named_modules())
     assert len(ours) == 210 and all(torch.equal(modules[fqn].weight, w) for fqn, w in ours.items())
+
+
+@pytest.mark.parametrize("args,fmt", [(["--format", "gguf", "--bits", "4"], GGUFExport(4)), (["--format", "compressed-tensors", "--bits", "4", "--group-size", "48"], CompressedTensorsExport(4, 48))],
+                         ids=["gguf-Q4_0", "compressed-tensors-w4-g48"])
+def test_cli_eval_of_the_written_file_gives_the_in_memory_figures(tmp_path, monkeypatch, gguf_cache, args, fmt):
+    """`quantize --eval` reloads what it wrote (a GGUF file through transformers' loader); its figures are those
+    of the source with the format's weights put in memory."""
+    from quantdiff.eval.tasks.lm import LMTask
+    from quantdiff.jobs import evaluate
+
+    text = "It is a truth universally acknowledged, that a single man in possession of a good fortune must be in want of a wife. " * 30
+    (tmp_path / "text.txt").write_text(text)
+    seen = []
+    monkeypatch.setattr(evaluate, "report", lambda cells, task, json_path, quiet: seen.append(cells))
+    out = tmp_path / ("q.gguf" if isinstance(fmt, GGUFExport) else "q")
+    main(["quantize", "tiny/standard", "--out", str(out), *args, "--eval", "lm", "--data", str(tmp_path / "text.txt"), "--context", "32", "--limit", "2"])
+    source_cell, reloaded = seen.pop()
+    source = loading.load(resolve("tiny/standard")[0], device="cpu")
+    task = LMTask(path=tmp_path / "text.txt", context=32)
+    prepared = task.prepare(load_tokenizer("tiny/standard"), 2)
+    with stored_weights(source, fmt), torch.no_grad():
+        expected = task.evaluate(source, prepared)
+    assert reloaded.metrics["loss"] == pytest.approx(expected["loss"], rel=1e-6) and reloaded.metrics["tokens"] == expected["tokens"]
+    assert reloaded.metrics["loss"] != pytest.approx(source_cell.metrics["loss"], rel=1e-4)  # the weights really changed

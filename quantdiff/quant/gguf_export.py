@@ -1,10 +1,10 @@
 """Write one GGUF file for llama.cpp: the decoder-layer linears in Q8_0 or Q4_0 (`gguf_format`), everything else
 exactly as quantdiff holds it, in F32.
 
-Names, metadata and layout follow llama.cpp's `convert_hf_to_gguf.py` for the Llama architecture: tensor names
-from the `gguf` package's own name map, Q and K rows permuted as llama.cpp's rotary embedding wants them
-(transformers' GGUF loader undoes it), `llama.*` hyperparameters from config.json, no `output.weight` when the
-embeddings are tied. The tokenizer: a GGUF source's own `tokenizer.*` fields, copied as they are; a model
+Names, metadata and layout follow llama.cpp's `convert_hf_to_gguf.py` for the Llama, Qwen2 and Qwen3
+architectures: tensor names from the `gguf` package's own name map, Llama's Q and K rows permuted as llama.cpp's
+rotary embedding wants them (transformers' GGUF loader undoes it), `<arch>.*` hyperparameters from config.json,
+no `output.weight` when the embeddings are tied. The tokenizer: a GGUF source's own `tokenizer.*` fields, copied as they are; a model
 directory's GPT-2 style byte-level BPE `tokenizer.json` (pre-tokenizer `gpt-2`), the one kind mapped here.
 Other architectures (DiffLlama, DIFF V2, …) are refused by name: llama.cpp has no graph for them.
 """
@@ -12,6 +12,7 @@ Other architectures (DiffLlama, DIFF V2, …) are refused by name: llama.cpp has
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,8 +31,22 @@ from quantdiff.quant.gguf_tokenizer import add_bpe_tokenizer
 from quantdiff.quant.sites import LinearSite, linear_targets
 
 SECTION_KEY = "quantdiff.quantization_config"  # our description, beside llama.cpp's keys (which ignores it)
-# transformers class -> llama.cpp architecture; the only one whose graph, hyperparameters and tokenizer we map.
-ARCHITECTURES = {"LlamaForCausalLM": "llama"}
+
+
+@dataclass(frozen=True)
+class GGUFArchitecture:
+    name: str  # llama.cpp's (general.architecture, and the prefix of its hyperparameter keys)
+    permute_qk: bool  # Llama: Q/K rows reordered for llama.cpp's rotary embedding
+    biases: bool  # linear biases are part of the architecture (Qwen2's Q/K/V)
+    head_dim: int | None = None  # the only head width transformers' GGUF loader reads back (it ignores key_length)
+
+
+# transformers class -> llama.cpp architecture: the ones whose graph, hyperparameters and names we map.
+ARCHITECTURES = {
+    "LlamaForCausalLM": GGUFArchitecture("llama", permute_qk=True, biases=False),
+    "Qwen2ForCausalLM": GGUFArchitecture("qwen2", permute_qk=False, biases=True),
+    "Qwen3ForCausalLM": GGUFArchitecture("qwen3", permute_qk=False, biases=False, head_dim=128),
+}
 _NOT_IN_LLAMA_CPP = {"DiffLlamaForCausalLM": "DiffLlama", "DiffV2ForCausalLM": "DIFF V2"}
 
 
@@ -45,7 +60,7 @@ def source_gguf_file(model: str | Path) -> Path | None:
     return None
 
 
-def gguf_architecture(config: dict, source: Path) -> str:
+def gguf_architecture(config: dict, source: Path) -> GGUFArchitecture:
     """llama.cpp's name for the model's architecture, or one ConfigError line saying why there is none."""
     arch = (config.get("architectures") or ["?"])[0]
     if arch in _NOT_IN_LLAMA_CPP:
@@ -55,9 +70,15 @@ def gguf_architecture(config: dict, source: Path) -> str:
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if rope.get("rope_type", "default") != "default":
         raise ConfigError(f"--format gguf: rope type {rope['rope_type']!r} of {source} is not mapped (only plain RoPE)")
-    if config.get("attention_bias") or config.get("mlp_bias"):
-        raise ConfigError(f"--format gguf: {source} has linear biases, which the Llama mapping here does not write")
-    return ARCHITECTURES[arch]
+    spec = ARCHITECTURES[arch]
+    if not spec.biases and (config.get("attention_bias") or config.get("mlp_bias")):
+        raise ConfigError(f"--format gguf: {source} has linear biases, which llama.cpp's {spec.name} graph does not read")
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if spec.head_dim is not None and head_dim != spec.head_dim:
+        raise ConfigError(f"--format gguf: transformers reads {spec.name} files back with heads of {spec.head_dim}; {source} has {head_dim}")
+    if config.get("use_sliding_window"):
+        raise ConfigError(f"--format gguf: {source} uses sliding-window attention, which is not mapped")
+    return spec
 
 
 def export_gguf(
@@ -86,7 +107,7 @@ def export_gguf(
         **fmt.describe(), "modules": sorted(chosen), "skipped_modules": skipped, "dtype": "float32",
         "quantdiff_version": __version__, "source": model_source(source),
     }
-    tensors, quantized_bytes = _gguf_tensors(network, config, fmt, chosen)
+    tensors, quantized_bytes = _gguf_tensors(network, config, fmt, chosen, arch)
     with atomic_file(out) as tmp, signals_deferred():
         _write(tmp, arch, config, source, gguf_source, fmt, tensors, section)
         _verify(tmp, tensors)
@@ -124,12 +145,13 @@ def _permute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _gguf_tensors(network: nn.Module, config: dict, fmt: GGUFExport, chosen: set[str]) -> tuple[list[tuple], int]:
+def _gguf_tensors(network: nn.Module, config: dict, fmt: GGUFExport, chosen: set[str], arch: GGUFArchitecture) -> tuple[list[tuple], int]:
     """[(gguf name, numpy data, GGML type)] in state-dict order (tied weights once), and the quantized bytes."""
     import gguf
 
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.name.upper()], config["num_hidden_layers"])
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config.get("num_key_value_heads") or config["num_attention_heads"]}
+    heads = heads if arch.permute_qk else {}
     out, quantized_bytes = [], 0
     for name, tensor in _plain_tensors(network, set()).items():
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -147,10 +169,10 @@ def _gguf_tensors(network: nn.Module, config: dict, fmt: GGUFExport, chosen: set
     return out, quantized_bytes
 
 
-def _write(tmp: Path, arch: str, config: dict, source: Path, gguf_source: Path | None, fmt: GGUFExport, tensors: list, section: dict) -> None:
+def _write(tmp: Path, arch: GGUFArchitecture, config: dict, source: Path, gguf_source: Path | None, fmt: GGUFExport, tensors: list, section: dict) -> None:
     import gguf
 
-    writer = gguf.GGUFWriter(tmp, arch)
+    writer = gguf.GGUFWriter(tmp, arch.name)
     writer.add_type("model")
     writer.add_name(_source_name(gguf_source) or source.name)
     writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{fmt.type_name}"])

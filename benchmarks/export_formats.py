@@ -65,7 +65,7 @@ def evaluate(model, fmt, task, prepared) -> dict:
 def line(name: str, metrics: dict, profile: tuple[float, float] | None) -> str:
     acc, n = metrics["accuracy"], metrics["tokens"]
     se = math.sqrt(acc * (1 - acc) / n)
-    weights = "—" if profile is None else f"{profile[0]:.4f} | {profile[1]:.2f}"
+    weights = "— | —" if profile is None else f"{profile[0]:.4f} | {profile[1]:.2f}"
     return f"| {name} | {acc:.3f} ± {se:.3f} | {metrics['perplexity']:.1f} | {weights} |"
 
 

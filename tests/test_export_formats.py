@@ -14,7 +14,7 @@ from quantdiff.cli.app import main
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import loading
 from quantdiff.models.names import resolve
-from quantdiff.models.pairs import SizePreset, build_pair
+from quantdiff.models.pairs import ALL_KINDS, build_pair
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport, pack_int4, unpack_int4
 from quantdiff.quant.export import export_quantized, stored_weights
 from quantdiff.quant.formats import parse_export
@@ -22,21 +22,19 @@ from quantdiff.quant.gguf_export import SECTION_KEY, export_gguf
 from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.quant.numerics import PerRow
 from quantdiff.quant.sites import AbsmaxMethod, LinearSite, QuantConfig, fake_quant_weight, linear_targets, quantized
+from tests.test_export import IDS, PRESET
 
-# input widths 64 (hidden) and 192 (intermediate): G = 48 does not divide 64, so those layers are written with
-# g = gcd(48, 64) = 16 (the path SmolLM2's 576 inputs take at G = 128), down_proj with 48
-PRESET = SizePreset(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=97, max_position_embeddings=64)
-IDS = torch.randint(0, PRESET.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+# PRESET's input widths are 64 (hidden) and 192 (intermediate): G = 48 does not divide 64, so those layers are
+# written with g = gcd(48, 64) = 16 (the path SmolLM2's 576 inputs take at G = 128), down_proj with 48
 
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("src")
-    out = {}
-    for kind, model in build_pair(PRESET, seed=0, kinds=("standard", "diff", "diffv2")).items():
+    models = build_pair(PRESET, seed=0, kinds=ALL_KINDS)
+    for kind, model in models.items():
         model.save_pretrained(root / kind)
-        out[kind] = root / kind
-    return out
+    return {kind: root / kind for kind in models}
 
 
 @pytest.fixture

@@ -125,7 +125,7 @@ def test_compressed_tensors_config_declares_the_scheme(sources, tmp_path):
 
 def test_compressed_tensors_layers_of_different_widths_get_their_own_groups():
     fmt = CompressedTensorsExport(4, 128)
-    config = fmt.hf_config(["lm_head"], torch.float32, {"a": 576, "b": 1536, "c": 100})
+    config = fmt.hf_config(["lm_head"], {"a": 576, "b": 1536, "c": 100})
     groups = {tuple(g["targets"]): g["weights"]["group_size"] for g in config["config_groups"].values()}
     assert groups == {("c",): None, ("a",): 64, ("b",): 128}  # 128 ≥ 100: one scale per row, the channel strategy
     assert {g["weights"]["strategy"] for g in config["config_groups"].values()} == {"channel", "group"}
@@ -186,13 +186,13 @@ def test_gguf_block_formats_follow_ggml_reference_rules(bits, naive):
     assert not torch.equal(decoded, fake_quant_weight(w, AbsmaxMethod(bits, weight_group_size=32)))  # not our absmax G32
 
 
-@pytest.mark.parametrize("bits", [8, 4], ids=["Q8_0", "Q4_0"])
-def test_gguf_export_round_trips_through_gguf_and_transformers(tmp_path, gguf_cache, bits):
+@pytest.mark.parametrize("bits,lm_head", [(8, False), (4, True)], ids=["Q8_0", "Q4_0-with-lm_head"])
+def test_gguf_export_round_trips_through_gguf_and_transformers(tmp_path, gguf_cache, bits, lm_head):
     import gguf
 
     fmt = parse_export("absmax", bits, format="gguf")
     out = tmp_path / "tiny.gguf"
-    export_gguf("tiny/standard", out, fmt)
+    export_gguf("tiny/standard", out, fmt, include_lm_head=lm_head)
     source = loading.load(resolve("tiny/standard")[0], device="cpu")
     config = source.config
 
@@ -204,6 +204,7 @@ def test_gguf_export_round_trips_through_gguf_and_transformers(tmp_path, gguf_ca
     tensors = {t.name: t for t in reader.tensors}
     q = tensors["blk.0.attn_q.weight"]
     assert q.tensor_type.name == fmt.type_name and tensors["blk.0.attn_norm.weight"].tensor_type.name == "F32"
+    assert tensors["output.weight"].tensor_type.name == (fmt.type_name if lm_head else "F32")
     # llama.cpp's row order for Q: per head, the two rotary halves interleaved; the package's dequantizer on it
     heads, (rows, width) = config.num_attention_heads, source.model.layers[0].self_attn.q_proj.weight.shape
     file_q = torch.from_numpy(gguf.quants.dequantize(q.data, q.tensor_type)).reshape(rows, width)
@@ -212,7 +213,7 @@ def test_gguf_export_round_trips_through_gguf_and_transformers(tmp_path, gguf_ca
     assert torch.equal(unpermuted, naive(source.model.layers[0].self_attn.q_proj.weight.detach()))
 
     back = dict(load(out).named_parameters())  # through transformers' GGUF loader
-    with stored_weights(source, fmt), torch.no_grad():
+    with stored_weights(source, fmt, include_lm_head=lm_head), torch.no_grad():
         assert all(torch.equal(p, back[name]) for name, p in source.named_parameters())
     text = "It is a truth universally acknowledged, that a single man"
     assert load_tokenizer(out)(text)["input_ids"] == load_tokenizer("tiny/standard")(text)["input_ids"]

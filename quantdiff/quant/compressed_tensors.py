@@ -94,7 +94,7 @@ class CompressedTensorsExport:
         return {"method": self.name, "bits": self.bits, "granularity": granularity, **grouped, "scheme": scheme,
                 "scale_rule": f"absmax/{2 ** (self.bits - 1) - 1} (quantdiff's; the package's own is absmax/{2 ** (self.bits - 1) - 0.5})"}
 
-    def hf_config(self, skipped: list[str], dtype: torch.dtype, widths: dict[str, int]) -> dict:
+    def hf_config(self, skipped: list[str], widths: dict[str, int]) -> dict:
         """The `quantization_config` compressed-tensors reads: one config group per stored group size."""
         by_group: dict[int | None, list[str]] = {}
         for fqn, width in widths.items():

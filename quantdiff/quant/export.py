@@ -100,7 +100,7 @@ def export_quantized(
         config["quantization_config"] = {"quant_method": "quantdiff", **section}
     elif isinstance(fmt, CompressedTensorsExport):  # compressed-tensors reads its part, quantdiff its own section
         widths = {fqn: module.in_features for fqn, module in targets}
-        config["quantization_config"] = {**fmt.hf_config(skipped, dtype, widths), "quantdiff": section}
+        config["quantization_config"] = {**fmt.hf_config(skipped, widths), "quantdiff": section}
     else:  # transformers reads the bitsandbytes part, quantdiff its own section
         config["quantization_config"] = {**fmt.hf_config(skipped, dtype), "quantdiff": section}
     metadata = {"format": "pt", "quantdiff_version": __version__, "quantization_config": json.dumps(section, sort_keys=True)}

@@ -82,11 +82,13 @@ def gguf_architecture(config: dict, source: Path) -> GGUFArchitecture:
 
 
 def export_gguf(
-    model: str | Path, out: str | Path, fmt: GGUFExport, include_lm_head: bool = False, force: bool = False, allow_partial: bool = False
+    model: str | Path, out: str | Path, fmt: GGUFExport, include_lm_head: bool = False, force: bool = False, allow_partial: bool = False,
+    revision: str | None = None,
 ) -> ExportSummary:
     """Quantize `model`'s decoder-layer linears (and lm_head with `include_lm_head`) to fmt's GGUF type and write
-    the GGUF file `out`, atomically; it is read back and checked before it replaces anything."""
-    paths = resolve(model)
+    the GGUF file `out`, atomically; it is read back and checked before it replaces anything. `model`: any name
+    `quantdiff.load` takes (a GGUF source gives its own tokenizer fields); `revision` for a hub id."""
+    paths = resolve(model, revision)
     if len(paths) != 1:
         raise LoadError(f"{str(model)!r} names {len(paths)} models; quantize one at a time")
     source, gguf_source, out = paths[0], source_gguf_file(model), Path(out)

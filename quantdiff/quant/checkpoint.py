@@ -14,8 +14,10 @@ from quantdiff.attention.backend import DEFAULT_TILE_SIZE
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
 from quantdiff.models import loading
-from quantdiff.quant.formats import WEIGHTS_NAME, LLMInt8Export, Tensors, format_from_section
-from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, apply_quantization
+from quantdiff.quant.compressed_tensors import CompressedTensorsExport
+from quantdiff.quant.formats import WEIGHTS_NAME, ExportFormat, LLMInt8Export, Tensors, format_from_section
+from quantdiff.quant.numerics import PerRow
+from quantdiff.quant.sites import AbsmaxMethod, LinearSite, LLMInt8Method, Method, QuantConfig, apply_quantization
 
 
 
@@ -72,8 +74,9 @@ def load_quantized(
 
     dtype: cast the decoded model (default: the dtype it was exported from, which keeps weights bit-exact).
 
-    An llm-int8 export also quantizes linear inputs at run time (LLM.int8 with the stored threshold); a
-    recorded attention quantization is re-applied. Their handles are in `model.quantdiff_handles`.
+    An llm-int8 export also quantizes linear inputs at run time (LLM.int8 with the stored threshold), a
+    compressed-tensors W8A8 one per token (int8 absmax); a recorded attention quantization is re-applied.
+    Their handles are in `model.quantdiff_handles`.
     Only model.safetensors is read: pickled files beside it are never opened.
     """
     from transformers import AutoModelForCausalLM
@@ -119,14 +122,25 @@ def load_quantized(
     loading.prepare(model, tile_size)
 
     handles = []
-    if isinstance(fmt, LLMInt8Export):
+    input_method = _runtime_input_method(fmt)
+    if input_method is not None:
         chosen = set(section["modules"])
         inputs = LinearSite(filter=lambda m, fqn: fqn in chosen, weights=False)
-        handles.append(apply_quantization(model, QuantConfig(LLMInt8Method(8, fmt.threshold), inputs)))
+        handles.append(apply_quantization(model, QuantConfig(input_method, inputs)))
     if section.get("attention") is not None:
         handles.append(apply_quantization(model, QuantConfig.from_dict(section["attention"])))
     model.quantdiff_handles = handles
     return model
+
+
+def _runtime_input_method(fmt: ExportFormat) -> Method | None:
+    """How an export's linear inputs are quantized at run time: LLM.int8 with its threshold, or compressed-tensors
+    W8A8's dynamic per-token int8 (our absmax/127 rule, as vLLM's int8 kernels compute it); None: weight-only."""
+    if isinstance(fmt, LLMInt8Export):
+        return LLMInt8Method(8, fmt.threshold)
+    if isinstance(fmt, CompressedTensorsExport) and fmt.bits == 8:
+        return AbsmaxMethod(8, PerRow())
+    return None
 
 
 def load(

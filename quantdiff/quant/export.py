@@ -20,7 +20,9 @@ from quantdiff.core.savedir import MARKER, atomic_dir, check_target
 from quantdiff.models.loading import PICKLE_SUFFIXES, load
 from quantdiff.models.source import model_source
 from quantdiff.quant.checkpoint import quantization_format
+from quantdiff.quant.compressed_tensors import CompressedTensorsExport
 from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors
+from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets
 
 
@@ -58,6 +60,8 @@ def export_quantized(
     trust_remote_code: run the source's own code, and keep it (*.py, `auto_map`) in the export, which records
     the choice; without it the export carries no code.
     """
+    if isinstance(fmt, GGUFExport):
+        raise ConfigError("a GGUF export is one file, written by quant.gguf_export.export_gguf (quantdiff.export_quantized picks it)")
     source, out = Path(source), Path(out)
     check_target(out, force, [source], kind="export")  # before the (slow) load: a refused target costs nothing
     already = quantization_format(source)
@@ -99,6 +103,9 @@ def export_quantized(
     config = _without_code(json.loads((source / "config.json").read_text()), trust_remote_code)
     if isinstance(fmt, AbsmaxExport):
         config["quantization_config"] = {"quant_method": "quantdiff", **section}
+    elif isinstance(fmt, CompressedTensorsExport):  # compressed-tensors reads its part, quantdiff its own section
+        widths = {fqn: module.in_features for fqn, module in targets}
+        config["quantization_config"] = {**fmt.hf_config(skipped, widths), "quantdiff": section}
     else:  # transformers reads the bitsandbytes part, quantdiff its own section
         config["quantization_config"] = {**fmt.hf_config(skipped, dtype), "quantdiff": section}
     metadata = {"format": "pt", "quantdiff_version": __version__, "quantization_config": json.dumps(section, sort_keys=True)}

@@ -9,6 +9,8 @@ decode it back:
   loadable by `transformers.AutoModelForCausalLM.from_pretrained(DIR)` with bitsandbytes.
 - `Bnb4bitExport(quant_type)`: bitsandbytes' Linear4bit layout (nf4 / fp4, blocks of 64), quantized by
   bitsandbytes itself, loadable the same way.
+- `CompressedTensorsExport(bits, group_size)` (`compressed_tensors`): our absmax weights in the layout vLLM and
+  transformers read; `GGUFExport(bits)` (`gguf_format`): llama.cpp's Q8_0 / Q4_0, written by `gguf_export`.
 
 Reloaded in quantdiff (`load_quantized`), every quantized weight is decoded to the model's dtype: for absmax
 and llm-int8 bit for bit the weights of `sites.fake_quant_weight`. An llm-int8 checkpoint also gets its
@@ -27,16 +29,16 @@ from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.quant.numerics import (
     LLM_INT8_THRESHOLD,
     MAX_BITS,
-    PerRow,
-    absmax_quantize,
+    absmax_weight_quantize,
     check_bits,
     check_group_size,
     expand_group_scales,
-    groupwise_absmax_quantize,
     vectorwise_quantize,
 )
+from quantdiff.quant.compressed_tensors import CompressedTensorsExport
+from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.quant.packing import pack_codes, unpack_codes
-from quantdiff.quant.registry import EXPORT_METHODS, check_name, parse_bit_width
+from quantdiff.quant.registry import EXPORT_FORMATS, EXPORT_METHODS, check_name, parse_bit_width
 
 WEIGHTS_NAME = "model.safetensors"
 ABSMAX_EXPORT_BITS = (*range(2, 9), MAX_BITS)  # 16: a near-lossless check of the pipeline
@@ -63,13 +65,10 @@ class AbsmaxExport:
 
     def encode(self, weight: torch.Tensor) -> Tensors:
         # the linear site's weight quantizer (sites.fake_quant_weight)
-        if self.group_size is None:
-            result = absmax_quantize(weight, self.bits, PerRow())
-            scale = result.scale.reshape(weight.shape[0])
-        else:  # (out, groups) even when one group spans the whole width (G ≥ in)
-            result = groupwise_absmax_quantize(weight, self.bits, self.group_size)
-            scale = result.scale.reshape(weight.shape[0], -1)
-        return {"weight_packed": pack_codes(result.codes, self.bits), "weight_scale": scale}
+        result = absmax_weight_quantize(weight, self.bits, self.group_size)
+        scale = result.scale.reshape(weight.shape[0], -1)
+        # per channel (out,); per group (out, groups), even when one group spans the whole width (G ≥ in)
+        return {"weight_packed": pack_codes(result.codes, self.bits), "weight_scale": scale.squeeze(-1) if self.group_size is None else scale}
 
     def decode(self, tensors: Tensors, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         codes = unpack_codes(tensors["weight_packed"], self.bits, shape)  # (out, in)
@@ -153,13 +152,26 @@ class Bnb4bitExport:
         ).to_dict()
 
 
-ExportFormat = AbsmaxExport | LLMInt8Export | Bnb4bitExport
+ExportFormat = AbsmaxExport | LLMInt8Export | Bnb4bitExport | CompressedTensorsExport | GGUFExport
 
 
-def parse_export(method: str, bits: int | str, threshold: float = LLM_INT8_THRESHOLD, group_size: int | None = None) -> ExportFormat:
-    """The CLI boundary: (method name, bits[, group size]) → export format; ConfigError with a one-line message."""
+def parse_export(
+    method: str, bits: int | str, threshold: float = LLM_INT8_THRESHOLD, group_size: int | None = None, format: str = "quantdiff"
+) -> ExportFormat:
+    """The CLI boundary: (method name, bits[, group size][, container format]) → export format; ConfigError with
+    a one-line message. `format`: "quantdiff" (a model directory in our layouts), "compressed-tensors" (a model
+    directory in its layout, our absmax weights) or "gguf" (one GGUF file, llama.cpp's Q8_0 / Q4_0)."""
+    check_name(format, EXPORT_FORMATS, "export format")
     check_name(method, EXPORT_METHODS, "export method")
     bits = parse_bit_width(bits)
+    if format != "quantdiff" and method != "absmax":
+        raise ConfigError(f"--method {method} is a layout of --format quantdiff; --format {format} has its own")
+    if format == "compressed-tensors":
+        return CompressedTensorsExport(bits, group_size)
+    if format == "gguf":
+        if group_size is not None:
+            raise ConfigError("--format gguf has llama.cpp's blocks of 32 weights: no --group-size")
+        return GGUFExport(bits)
     if method == "absmax":
         return AbsmaxExport(bits, group_size)
     if group_size is not None:
@@ -178,4 +190,6 @@ def format_from_section(section: dict) -> ExportFormat:
         return LLMInt8Export(section.get("threshold", LLM_INT8_THRESHOLD))
     if method in ("nf4", "fp4"):
         return Bnb4bitExport(method)
+    if method == CompressedTensorsExport.name:
+        return CompressedTensorsExport(section.get("bits"), section.get("group_size"))
     raise LoadError(f"unknown quantdiff export method {method!r} in config.json")

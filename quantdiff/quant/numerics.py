@@ -181,6 +181,14 @@ def groupwise_absmax_quantize(x: torch.Tensor, bits: int, group_size: int) -> Qu
     return QuantResult(unpad(result.codes), result.scale.squeeze(-1), unpad(result.dequant))
 
 
+def absmax_weight_quantize(weight: torch.Tensor, bits: int, group_size: int | None = None) -> QuantResult:
+    """A linear weight (out, in) per output channel (scale (out, 1)), or per group of `group_size` inputs of
+    each output channel (scale (out, groups)): the `linear` site's weight quantizer, which exports store."""
+    if group_size is None:
+        return absmax_quantize(weight, bits, PerRow())
+    return groupwise_absmax_quantize(weight, bits, group_size)
+
+
 def expand_group_scales(scale: torch.Tensor, group_size: int, k: int) -> torch.Tensor:
     """(..., groups) group scales -> (..., k), one per entry: the inverse of the grouping above."""
     return scale.repeat_interleave(min(group_size, max(k, 1)), dim=-1)[..., :k]

@@ -14,6 +14,7 @@ SITE_NAMES = ("logits", "qk", "linear")
 ATTENTION_SITE_NAMES = ("logits", "qk")  # the sites inside attention, which an export can record
 GRANULARITY_NAMES: dict[str, Granularity] = {"tensor": PerTensor(), "row": PerRow(), "column": PerColumn()}
 EXPORT_METHODS = ("absmax", "llm-int8", "nf4", "fp4")  # weight formats written by `quant.export`
+EXPORT_FORMATS = ("quantdiff", "compressed-tensors", "gguf")  # containers: our model directory, compressed-tensors' one, a GGUF file
 
 
 def check_name(name: object, known: Sequence[str], what: str) -> str:

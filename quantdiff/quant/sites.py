@@ -25,9 +25,9 @@ from quantdiff.quant.numerics import (
     PerRow,
     PerTensor,
     absmax_quantize,
+    absmax_weight_quantize,
     check_bits,
     check_group_size,
-    groupwise_absmax_quantize,
     fake_quantize_with_absmax,
     outlier_features,
     vectorwise_quantize,
@@ -253,10 +253,7 @@ def fake_quant_weight(weight: torch.Tensor, method: Method) -> torch.Tensor:
     Both methods give the same per-channel weights (LLM.int8 keeps no weight outliers); export writes exactly
     these codes.
     """
-    group_size = getattr(method, "weight_group_size", None)
-    if group_size is not None:
-        return groupwise_absmax_quantize(weight, method.bits, group_size).dequant
-    return absmax_quantize(weight, method.bits, PerRow()).dequant
+    return absmax_weight_quantize(weight, method.bits, getattr(method, "weight_group_size", None)).dequant
 
 
 def fake_quant_input(x: torch.Tensor, method: Method) -> torch.Tensor:

@@ -10,9 +10,10 @@ import typer
 
 def quantize(
     model: Annotated[str, typer.Argument(help="Model directory, GGUF file (dequantized first), built-in name (tiny/diff, smollm2) or hub id (org/name).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory (written atomically).")],
-    bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4.")] = "4",
-    method: Annotated[str, typer.Option("--method", help="absmax (packed, ours), llm-int8, nf4 or fp4 (bitsandbytes layouts).")] = "absmax",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory, or FILE.gguf with --format gguf (written atomically).")],
+    bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4; compressed-tensors: 4 (W4A16) or 8 (W8A8); gguf: 8 (Q8_0) or 4 (Q4_0).")] = "4",
+    method: Annotated[Optional[str], typer.Option("--method", help="absmax (packed, ours; the default), llm-int8, nf4 or fp4 (bitsandbytes layouts): for --format quantdiff.")] = None,
+    export_format: Annotated[str, typer.Option("--format", help="quantdiff (a model directory, --method's layout), compressed-tensors (a model directory vLLM and transformers load; our absmax weights) or gguf (one file for llama.cpp: Q8_0 / Q4_0; Llama, Qwen2, Qwen3).")] = "quantdiff",
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="absmax: one scale per group of G inputs of each output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group). Default: one per output channel.")] = None,
     threshold: Annotated[Optional[float], typer.Option("--threshold", help="llm-int8 outlier threshold, applied to activations at run time (default: the LLM.int8 paper's 6.0).")] = None,
     include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="Quantize lm_head too (default: decoder-layer linears only).")] = False,
@@ -28,7 +29,7 @@ def quantize(
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit); only for a hub id MODEL (an error otherwise).")] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code and keep it (*.py, auto_map) in the export, which records this; off by default: the export carries no code.")] = False,
 ) -> None:
-    """Quantize the linear weights inside the decoder layers and write a complete model directory."""
+    """Quantize the linear weights inside the decoder layers and write a complete model directory (or, with --format gguf, one GGUF file)."""
     from quantdiff.report.console import line_console
 
     from quantdiff.cli.task_options import check_limit, make_cli_task
@@ -40,18 +41,23 @@ def quantize(
     from quantdiff.models.names import resolve
     from quantdiff.models.source import describe_source
     from quantdiff.quant.export import export_quantized
+    from quantdiff.quant.gguf_export import export_gguf
     from quantdiff.quant.formats import parse_export
     from quantdiff.quant.numerics import LLM_INT8_THRESHOLD
     from quantdiff.quant.registry import ATTENTION_SITE_NAMES
     from quantdiff.quant.sites import parse_config
 
     # Every argument is checked before anything is loaded or written; an option the mode ignores is an error.
+    gguf = export_format == "gguf"
+    if gguf:
+        refuse_unused("with --format gguf (llama.cpp runs no recorded quantization or model code)", attention_bits=attention_bits, trust_remote_code=trust_remote_code)
+    method = method or "absmax"
     if method != "llm-int8":
         refuse_unused(f"with --method {method} (it is the llm-int8 outlier threshold)", threshold=threshold)
     if method != "absmax":
         refuse_unused(f"with --method {method} (group-wise scales are an absmax option)", group_size=group_size)
     check_positive(threshold=threshold, group_size=group_size)  # also refuses nan and inf: an export with them would never load
-    fmt = parse_export(method, bits, LLM_INT8_THRESHOLD if threshold is None else threshold, group_size)
+    fmt = parse_export(method, bits, LLM_INT8_THRESHOLD if threshold is None else threshold, group_size, export_format)
     attention = None
     if attention_bits is None:
         refuse_unused("without --attention-bits", attention_method=attention_method, attention_site=attention_site)
@@ -65,15 +71,21 @@ def quantize(
     sources = resolve(model, revision)
     if len(sources) != 1:
         raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
-    check_target(out, force, model_inputs([model], sources) + ([data] if data else []), flag="--out", kind="export")
+    if not gguf:  # a GGUF file's target is checked by export_gguf
+        check_target(out, force, model_inputs([model], sources) + ([data] if data else []), flag="--out", kind="export")
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
     tokenizer = load_tokenizer(sources[0]) if task is not None else None
-    summary = export_quantized(
-        sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial, trust_remote_code=trust_remote_code
-    )
+    if gguf:
+        summary = export_gguf(model, out, fmt, include_lm_head=include_lm_head, force=force, allow_partial=allow_partial, revision=revision)
+    else:
+        summary = export_quantized(
+            sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial, trust_remote_code=trust_remote_code
+        )
     console = line_console()
     d = summary.description
     console.print(f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}")
+    if "scale_rule" in d:
+        console.print(f"scale rule: {d['scale_rule']}")
     if d.get("source") is not None:
         console.print(f"source: {describe_source(d['source'])} (the dequantized weights are what was quantized)")
     console.print(
@@ -91,13 +103,15 @@ def quantize(
 
 
 def _evaluate(source: Path, out: Path, task, tokenizer, limit: int | None, trust_remote_code: bool) -> None:
-    """The task on the source model and on the export as quantdiff reloads it, one model in memory at a time."""
+    """The task on the source model and on the export as quantdiff reloads it (a GGUF file through transformers'
+    GGUF loader), one model in memory at a time."""
+    from quantdiff.api import load as load_any
     from quantdiff.jobs.evaluate import report
     from quantdiff.eval.sweep import run_sweep
-    from quantdiff.quant.checkpoint import load, load_quantized
+    from quantdiff.quant.checkpoint import load
 
     cells = []
-    for name, load_model in (("source", lambda: load(source, trust_remote_code=trust_remote_code)), ("quantized", lambda: load_quantized(out))):
+    for name, load_model in (("source", lambda: load(source, trust_remote_code=trust_remote_code)), ("quantized", lambda: load_any(out))):
         model = load_model()
         cells.extend(run_sweep({name: (model, tokenizer)}, task, [], limit))
         del model

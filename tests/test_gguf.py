@@ -15,7 +15,8 @@ from safetensors import safe_open
 
 from quantdiff.cli.app import main
 from quantdiff.models import gguf_model
-from quantdiff.models.names import resolve, wheel_file
+from quantdiff.models.names import resolve
+from quantdiff.models.wheels import wheel_file
 from quantdiff.models.source import SOURCE_FILE, model_source
 
 

@@ -142,9 +142,10 @@ def run_sweep(
     return cells
 
 
-def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None = None) -> dict[str, Any]:
-    """The cells, and per model where it came from (`models.source.model_source`: None for a plain directory)."""
-    return {"cells": [cell.to_dict() for cell in cells], "sources": sources or {}}
+def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None = None, bos: dict[str, dict] | None = None) -> dict[str, Any]:
+    """The cells, and per model where it came from (`models.source.model_source`: None for a plain directory) and
+    what opened its sequences (`models.bos.BosChoice.to_dict`)."""
+    return {"cells": [cell.to_dict() for cell in cells], "sources": sources or {}, "bos": bos or {}}
 
 
 def cells_from_json(data: dict[str, Any]) -> list[Cell]:

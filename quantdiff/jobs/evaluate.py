@@ -1,9 +1,11 @@
-"""Evaluating models on a task: load one model at a time, run its sweep cells, print and write the cells."""
+"""Evaluating models on a task: prepare every model's data first (each with its own BOS convention), then load
+one model at a time, run its sweep cells, print and write the cells."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -13,7 +15,69 @@ from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import task_bars
 from quantdiff.eval.sweep import Cell, cell_label, cells_to_json, run_model_cells
 from quantdiff.eval.tasks.registry import Task
+from quantdiff.models.bos import BosChoice, check_mode, decide_bos, describe_bos
 from quantdiff.quant.sites import QuantConfig
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    """One model's task data, built for its tokenizer and its BOS convention, before any weights load."""
+
+    name: str
+    path: Path
+    tokenizer: Any
+    data: Any
+    bos: BosChoice
+
+
+def prepare_models(specs: Sequence[tuple[str, Path]], task: Task, limit: int | None, bos: str = "auto") -> list[PreparedModel]:
+    """Every model's task data, prepared (and so checked) before any weights are loaded; each model opens its
+    sequences as it was trained (`models.bos`) unless `bos` says always or never."""
+    from quantdiff.models.loading import load_tokenizer
+
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be positive, got {limit}")
+    check_mode(bos)
+    if task.bos_by_construction and bos == "never":
+        raise ConfigError(f"task {task.name}'s sequences start with BOS by construction: --bos never does not apply")
+    out = []
+    for name, path in specs:
+        tokenizer = load_tokenizer(path)
+        if task.bos_by_construction:
+            choice = BosChoice(tokenizer.bos_token_id, tokenizer.bos_token, bos, f"task {task.name}: BOS first by construction")
+        else:
+            choice = decide_bos(path, tokenizer, bos)
+        out.append(PreparedModel(name, path, tokenizer, task.prepare(tokenizer, limit, choice.token_id), choice))
+    return out
+
+
+def run_prepared(
+    models: Sequence[PreparedModel],
+    task: Task,
+    configs: Sequence[QuantConfig],
+    device: str | torch.device | None,
+    quiet: bool,
+    include_reference: bool = True,
+    allow_partial: bool = False,
+    trust_remote_code: bool = False,
+) -> list[Cell]:
+    """Load each model in turn (only one in memory) and run its cells on its prepared data."""
+    from transformers.utils import logging as transformers_logging
+
+    from quantdiff.quant.checkpoint import load
+
+    target = resolve_device(device)
+    if quiet:
+        transformers_logging.disable_progress_bar()  # its "Loading weights" bar
+    cells: list[Cell] = []
+    with task_bars(quiet, transient=True) as progress:
+        for prepared in models:
+            model = load(prepared.path, device=target, trust_remote_code=trust_remote_code)
+            if len(prepared.tokenizer) > model.config.vocab_size:
+                raise LoadError(f"{prepared.path}: the tokenizer has {len(prepared.tokenizer)} tokens, the model only {model.config.vocab_size}")
+            cells.extend(run_model_cells(prepared.name, model, task, prepared.data, configs, progress, include_reference, allow_partial))
+            del model
+    return cells
 
 
 def run_models(
@@ -27,34 +91,16 @@ def run_models(
     allow_partial: bool = False,
     trust_remote_code: bool = False,
 ) -> list[Cell]:
-    """Load each model in turn (only one in memory) and run its cells; every model's task data is prepared
-    (and so checked) before any weights are loaded."""
-    from transformers.utils import logging as transformers_logging
-
-    from quantdiff.models.loading import load_tokenizer
-    from quantdiff.quant.checkpoint import load
-
-    if limit is not None and limit < 1:
-        raise ConfigError(f"limit must be positive, got {limit}")
-    target = resolve_device(device)
-    tokenizers = [load_tokenizer(path) for _, path in specs]
-    prepared = [task.prepare(tokenizer, limit) for tokenizer in tokenizers]
-    if quiet:
-        transformers_logging.disable_progress_bar()  # its "Loading weights" bar
-    cells: list[Cell] = []
-    with task_bars(quiet, transient=True) as progress:
-        for (name, path), tokenizer, data in zip(specs, tokenizers, prepared):
-            model = load(path, device=target, trust_remote_code=trust_remote_code)
-            if len(tokenizer) > model.config.vocab_size:
-                raise LoadError(f"{path}: the tokenizer has {len(tokenizer)} tokens, the model only {model.config.vocab_size}")
-            cells.extend(run_model_cells(name, model, task, data, configs, progress, include_reference, allow_partial))
-            del model
-    return cells
+    """`prepare_models` (each model's own BOS convention), then `run_prepared`."""
+    return run_prepared(prepare_models(specs, task, limit), task, configs, device, quiet, include_reference, allow_partial, trust_remote_code)
 
 
-def report(cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool, sources: dict[str, dict | None] | None = None) -> None:
-    """Print the cells as a table (and a warning on stderr, even when quiet, per invalid cell); write them as
-    JSON if asked, with each model's `sources` record."""
+def report(
+    cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool, sources: dict[str, dict | None] | None = None,
+    bos: dict[str, BosChoice] | None = None,
+) -> None:
+    """Print the cells as a table (and a warning on stderr, even when quiet, per invalid cell), with a line per model
+    saying what opened its sequences; write them as JSON if asked, with each model's `sources` and `bos` records."""
     from quantdiff.report.console import table_console, warn
     from quantdiff.report.sweep_report import invalid_reason, sweep_table
 
@@ -64,7 +110,9 @@ def report(cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: boo
     table = sweep_table(cells, task.metrics, task.headline, title=f"task: {task.name}")
     out = table_console(table, highlight=False)  # piped: whole rows, not rich's 80 columns
     out.print(table)
+    for name, choice in (bos or {}).items():
+        out.print(describe_bos(name, choice.to_dict()), soft_wrap=True)
     if json_path is not None:
-        write_json(json_path, cells_to_json(cells, sources), indent=2)
+        write_json(json_path, cells_to_json(cells, sources, {name: choice.to_dict() for name, choice in (bos or {}).items()}), indent=2)
         if not quiet:
             out.print(f"json -> {json_path}")

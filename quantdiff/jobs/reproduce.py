@@ -4,8 +4,8 @@ The models are shipped ones ("tiny", "bb"), or the arms a recipe trains into run
 missing). The statistics and the accuracy sweep run on the same held-out data: corpus text (the statistics
 with a BOS token first when the recipe trained with one), or for a bigram-backcopy recipe the generator's
 held-out sequences and its own task `bb`; the report directory holds report.md, stats.json, sweep.json and the
-PNG plots (with emergence.png when the train logs carry an outlier series), and — unless turned off — a real
-pretrained model's section (`jobs.real_model`, with real_model.json); it appears only once everything in it is
+PNG plots (with emergence.png when the train logs carry an outlier series), and — unless turned off — a section on
+real pretrained models side by side (`jobs.real_model`, with real_model.json); it appears only once everything in it is
 written.
 """
 
@@ -38,7 +38,7 @@ class ReproduceOptions:
     tasks: tuple[str, ...] | None = None  # None: TEXT_TASKS, or ("bb",) for a bigram-backcopy recipe
     device: str | None = None
     force: bool = False
-    real_model: str | None = "smollm2"  # a real pretrained model measured too (jobs.real_model); None: not run
+    real_model: str | None = "smollm2,gemma3"  # real pretrained models measured too, comma-separated (jobs.real_model); None: not run
 
 
 def find_pair(target: str, console) -> tuple[Recipe, dict[str, Path]]:

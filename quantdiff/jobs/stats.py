@@ -18,6 +18,7 @@ from quantdiff.core.errors import ConfigError, DataError
 from quantdiff.core.device import resolve_device
 from quantdiff.core.memory import check_fits
 from quantdiff.core.progress import rate_column, task_bars
+from quantdiff.models.bos import BosChoice, check_mode, decide_bos
 from quantdiff.stats.collect import DEFAULT_K, collect
 from quantdiff.stats.model_stats import ModelStats
 from quantdiff.stats.distributed import distributed_rank_world, gather_capped_to_rank0, gather_to_rank0
@@ -40,6 +41,7 @@ class StatsOptions:
     compile: bool | None = None  # None: on CUDA only
     allow_partial: bool = False  # accept attention modules / decoder layers never reached (recorded as coverage)
     trust_remote_code: bool = False
+    bos: str = "auto"  # BOS first in every sequence cut from text: as each model was trained (models.bos), always, never
 
 
 DEFAULT_SEQ_LEN = 1024
@@ -50,6 +52,7 @@ class PlannedModel:
     name: str
     path: Path
     batches: list[Batch]
+    bos: BosChoice
 
 
 def plan(options: StatsOptions) -> list[PlannedModel]:
@@ -61,6 +64,7 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
     for flag, value in (("--tokens", options.tokens), ("--batch-size", options.batch_size), ("--top-k", options.k), ("--seq-len", options.seq_len)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be positive, got {value}")
+    check_mode(options.bos)
     if options.data not in BUILTINS:
         check_data_file(options.data)
     if options.tile_size is not None and options.tile_size < 1:
@@ -82,13 +86,14 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
         seq_len = options.seq_len or min(DEFAULT_SEQ_LEN, positions)
         if seq_len > positions:
             raise DataError(f"--seq-len {seq_len} exceeds the {positions} positions of {path}")
-        tokenize = None
+        tokenize, bos = None, BosChoice(None, None, options.bos, "input_ids records used as given")
         if not _pretokenized(options.data):
             tokenizer = load_tokenizer(path)
             tokenize = lambda text, tok=tokenizer: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-        sequences = load_sequences(options.data, tokenize, options.tokens, seq_len, config.vocab_size)
+            bos = decide_bos(path, tokenizer, options.bos)
+        sequences = load_sequences(options.data, tokenize, options.tokens, seq_len, config.vocab_size, bos.token_id)
         pad = getattr(config, "pad_token_id", None) or 0
-        planned.append(PlannedModel(name, path, make_batches(sequences, options.batch_size, pad)))
+        planned.append(PlannedModel(name, path, make_batches(sequences, options.batch_size, pad), bos))
     return planned
 
 
@@ -134,7 +139,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
             del loaded
             if stats is not None:
                 named.append((model.name, stats))
-                entry = {**model_entry(model.name, str(model.path), stats), "source": model_source(model.path)}
+                entry = {**model_entry(model.name, str(model.path), stats), "source": model_source(model.path), "bos": model.bos.to_dict()}
                 entries.append(_with_definitions(entry, collected, capped, options))
     if rank != 0:
         return None

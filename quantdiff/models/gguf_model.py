@@ -35,7 +35,8 @@ def file_sha256(path: Path) -> str:
 
 
 def gguf_facts(path: Path) -> dict:
-    """Architecture and quantization of a GGUF file, read from its header with the `gguf` package."""
+    """Architecture, quantization and `tokenizer.ggml.add_bos_token` (None when absent) of a GGUF file, read from
+    its header with the `gguf` package."""
     import gguf
 
     try:
@@ -43,13 +44,15 @@ def gguf_facts(path: Path) -> dict:
         architecture = reader.get_field("general.architecture").contents()
         file_type = reader.get_field("general.file_type")
         tensor_types = Counter(t.tensor_type.name for t in reader.tensors)
+        add_bos = reader.get_field("tokenizer.ggml.add_bos_token")  # how the model was trained to be fed
     except CONVERSION_ERRORS as exc:
         raise LoadError(f"unreadable GGUF file {path}: {type(exc).__name__}: {_first_line(exc)}") from None
     if file_type is not None:
         quantization = gguf.LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     else:  # an optional field: name the file by the type most of its tensors have
         quantization = tensor_types.most_common(1)[0][0] if tensor_types else "none"
-    return {"architecture": architecture, "quantization": quantization, "tensor_types": dict(sorted(tensor_types.items()))}
+    return {"architecture": architecture, "quantization": quantization, "tensor_types": dict(sorted(tensor_types.items())),
+            "add_bos_token": None if add_bos is None else bool(add_bos.contents())}
 
 
 def _first_line(exc: BaseException) -> str:
@@ -65,7 +68,8 @@ def is_complete(directory: Path, sha256: str) -> bool:
     from quantdiff.models.loading import check_model_dir
 
     record = model_source(directory)
-    if record is None or record.get("sha256") != sha256 or not (directory / "tokenizer.json").is_file():
+    # A record without add_bos_token predates it: converted again, so the BOS decision reads the file's own.
+    if record is None or record.get("sha256") != sha256 or "add_bos_token" not in record or not (directory / "tokenizer.json").is_file():
         return False
     try:
         check_model_dir(directory)

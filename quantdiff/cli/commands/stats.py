@@ -24,6 +24,7 @@ def stats(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar and no tables.")] = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept models where some attention module or decoder layer is never reached (recorded in the JSON's coverage).")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default; recorded in the JSON).")] = False,
+    bos: Annotated[str, typer.Option("--bos", help="BOS first in every sequence cut from text: auto (as each model was trained: its recipe, its GGUF file's add_bos_token, else its tokenizer), always, never. input_ids records stay as given. Recorded in the JSON.")] = "auto",
 ) -> None:
     """Largest |attention logits| and |hidden states| (Top-1 … Top-100, median) with where they occur.
 
@@ -32,7 +33,9 @@ def stats(
     from quantdiff.cli.validate import refuse_unused
     from quantdiff.core.device import resolve_device
     from quantdiff.jobs.stats import StatsOptions, run
+    from quantdiff.models.bos import check_mode
 
+    check_mode(bos)
     if device is not None:
         resolve_device(device, "--device")
     if quiet:
@@ -51,5 +54,6 @@ def stats(
         compile=compile,
         allow_partial=allow_partial,
         trust_remote_code=trust_remote_code,
+        bos=bos,
     )
     run(options, quiet=quiet, per_layer=per_layer)

@@ -25,6 +25,7 @@ JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the cells
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; print only the result.")]
 PartialOpt = Annotated[bool, typer.Option("--allow-partial", help="Accept models where some attention module or decoder layer is never reached.")]
 RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default).")]
+BosOpt = Annotated[str, typer.Option("--bos", help="BOS first in every sequence: auto (as each model was trained: its recipe, its GGUF file's add_bos_token, else its tokenizer), always, never. Recorded in the JSON.")]
 
 
 def sweep(
@@ -47,6 +48,7 @@ def sweep(
     quiet: QuietOpt = False,
     allow_partial: PartialOpt = False,
     trust_remote_code: RemoteOpt = False,
+    bos: BosOpt = "auto",
 ) -> None:
     """Accuracy under quantization: the unquantized reference plus every (method, bits, site) cell, per model."""
     from quantdiff.report.console import line_console
@@ -56,7 +58,8 @@ def sweep(
     from quantdiff.core.device import resolve_device
     from quantdiff.core.outputs import check_outputs
     from quantdiff.eval.sweep import plan_sweep
-    from quantdiff.jobs.evaluate import report, run_models
+    from quantdiff.jobs.evaluate import prepare_models, report, run_prepared
+    from quantdiff.models.bos import check_mode
     from quantdiff.models.names import resolve_models
     from quantdiff.models.source import model_sources
     from quantdiff.quant.registry import parse_bits, split_names
@@ -68,6 +71,7 @@ def sweep(
     plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size)
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
+    check_mode(bos)
     specs = resolve_models(models)
     for path, suffixes in ((json_path, None), (plot, (".png", ".pdf", ".svg"))):
         check_output(path, suffixes)
@@ -75,8 +79,9 @@ def sweep(
     notes = line_console(stderr=True)
     for line in plan.skipped:
         notes.print(f"[yellow]skipped {line}[/yellow]")
-    cells = run_models(specs, the_task, plan.configs, limit, target, quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)
-    report(cells, the_task, json_path, quiet, model_sources(specs))
+    prepared = prepare_models(specs, the_task, limit, bos)
+    cells = run_prepared(prepared, the_task, plan.configs, target, quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)
+    report(cells, the_task, json_path, quiet, model_sources(specs), {m.name: m.bos for m in prepared})
     if plot is not None:
         from quantdiff.report.sweep_report import plot_sweep
 
@@ -104,6 +109,7 @@ def evaluate(
     quiet: QuietOpt = False,
     allow_partial: PartialOpt = False,
     trust_remote_code: RemoteOpt = False,
+    bos: BosOpt = "auto",
 ) -> None:
     """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
@@ -111,7 +117,8 @@ def evaluate(
     from quantdiff.core.device import resolve_device
     from quantdiff.core.outputs import check_outputs
     from quantdiff.core.errors import ConfigError
-    from quantdiff.jobs.evaluate import report, run_models
+    from quantdiff.jobs.evaluate import prepare_models, report, run_prepared
+    from quantdiff.models.bos import check_mode
     from quantdiff.models.names import resolve_models
     from quantdiff.models.source import model_sources
     from quantdiff.quant.sites import parse_config
@@ -123,10 +130,12 @@ def evaluate(
     configs = [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", group_size=group_size)]
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
+    check_mode(bos)
     specs = resolve_models([model])
     check_output(json_path, None)
     check_outputs({"--json": json_path}, [path for _, path in specs] + ([data] if data else []))
-    cells = run_models(
-        specs, the_task, configs, limit, target, quiet, include_reference=bits is None, allow_partial=allow_partial, trust_remote_code=trust_remote_code
+    prepared = prepare_models(specs, the_task, limit, bos)
+    cells = run_prepared(
+        prepared, the_task, configs, target, quiet, include_reference=bits is None, allow_partial=allow_partial, trust_remote_code=trust_remote_code
     )
-    report(cells, the_task, json_path, quiet, model_sources(specs))
+    report(cells, the_task, json_path, quiet, model_sources(specs), {m.name: m.bos for m in prepared})

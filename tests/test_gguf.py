@@ -152,8 +152,9 @@ TINY_LLAMA = {  # GGUF name: (rows, columns) of a one-layer Llama, width 8, 2 he
 }
 
 
-def _tiny_llama_gguf(path: Path, leave_out: str | None = None) -> dict[str, np.ndarray]:
-    """A float32 Llama GGUF with a minimal tokenizer; returns the tensors written."""
+def _tiny_llama_gguf(path: Path, leave_out: str | None = None, tokens: list[str] | None = None, add_bos: bool | None = None) -> dict[str, np.ndarray]:
+    """A float32 Llama GGUF with a minimal tokenizer (`tokens`, 16 of them; `add_bos`: its
+    tokenizer.ggml.add_bos_token, None = not written); returns the tensors written."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -168,12 +169,14 @@ def _tiny_llama_gguf(path: Path, leave_out: str | None = None) -> dict[str, np.n
     writer.add_vocab_size(16)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"t{i}" for i in range(16)])
+    writer.add_token_list(tokens or [f"t{i}" for i in range(16)])
     writer.add_token_merges([])
     writer.add_token_scores([0.0] * 16)
     writer.add_token_types([1] * 16)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
     rng = np.random.default_rng(0)
     tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in TINY_LLAMA.items() if name != leave_out}
     for name, tensor in tensors.items():

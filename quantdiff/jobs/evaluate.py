@@ -62,13 +62,9 @@ def run_prepared(
     trust_remote_code: bool = False,
 ) -> list[Cell]:
     """Load each model in turn (only one in memory) and run its cells on its prepared data."""
-    from transformers.utils import logging as transformers_logging
-
     from quantdiff.quant.checkpoint import load
 
     target = resolve_device(device)
-    if quiet:
-        transformers_logging.disable_progress_bar()  # its "Loading weights" bar
     cells: list[Cell] = []
     with task_bars(quiet, transient=True) as progress:
         for prepared in models:

@@ -121,9 +121,6 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     from quantdiff.report.stats_report import render, warn_nonfinite, write_plots
     from quantdiff.stats.schema import document, model_entry
 
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
     rank, world = distributed_rank_world()
     planned = plan(options)
     device = resolve_device(options.device, "--device")

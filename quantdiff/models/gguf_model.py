@@ -130,7 +130,7 @@ def convert(path: Path, out: Path, sha256: str) -> None:
     model.hf_quantizer = None
     record = {"format": "gguf", "file": path.name, "sha256": sha256, **facts, "dtype": DTYPE,
               "note": "statistics are of the dequantized model"}
-    with atomic_dir(out, force=True, kind=CACHE_KIND) as tmp:
+    with atomic_dir(out, force=True, kind=CACHE_KIND) as tmp, quiet_load_report():  # no "Writing model shards" bar
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         write_json(tmp / SOURCE_FILE, record)

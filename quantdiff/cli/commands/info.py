@@ -26,9 +26,6 @@ def info(
     from quantdiff.models.structure import attention_kind
     from quantdiff.report.console import table_console
 
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # a per-model "Loading weights" bar would bury the one table
     target = resolve_device(device, "--device")  # before any loading: a bad name costs nothing
     table = Table(title="quantdiff models")
     for column in ("model", "architecture", "attention", "layers", "heads (kv)", "parameters", "λ parameters", "device", "source"):

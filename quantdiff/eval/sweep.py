@@ -133,11 +133,13 @@ def run_sweep(
     limit: int | None = None,
     progress: CellProgress | None = None,
     include_reference: bool = True,
+    bos_ids: dict[str, int | None] | None = None,
 ) -> list[Cell]:
-    """{name: (model, tokenizer)} -> the unquantized reference cell, then one cell per config, model by model."""
+    """{name: (model, tokenizer)} -> the unquantized reference cell, then one cell per config, model by model;
+    `bos_ids`: {name: the BOS id opening its sequences (`models.bos`)}, none where absent."""
     cells = []
     for name, (model, tokenizer) in models.items():
-        prepared = task.prepare(tokenizer, limit)
+        prepared = task.prepare(tokenizer, limit, (bos_ids or {}).get(name))
         cells.extend(run_model_cells(name, model, task, prepared, configs, progress, include_reference))
     return cells
 

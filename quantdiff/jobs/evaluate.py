@@ -76,21 +76,6 @@ def run_prepared(
     return cells
 
 
-def run_models(
-    specs: Sequence[tuple[str, Path]],
-    task: Task,
-    configs: Sequence[QuantConfig],
-    limit: int | None,
-    device: str | torch.device | None,
-    quiet: bool,
-    include_reference: bool = True,
-    allow_partial: bool = False,
-    trust_remote_code: bool = False,
-) -> list[Cell]:
-    """`prepare_models` (each model's own BOS convention), then `run_prepared`."""
-    return run_prepared(prepare_models(specs, task, limit), task, configs, device, quiet, include_reference, allow_partial, trust_remote_code)
-
-
 def report(
     cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool, sources: dict[str, dict | None] | None = None,
     bos: dict[str, BosChoice] | None = None,

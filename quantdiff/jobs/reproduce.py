@@ -112,7 +112,7 @@ def arm_line(arm, recipe: Recipe) -> str:
 
 def reproduce(options: ReproduceOptions, console) -> Path:
     """Run stats and the sweep on the pair and write the report directory; returns the path of report.md."""
-    from quantdiff.jobs.evaluate import run_models
+    from quantdiff.jobs.evaluate import prepare_models, run_prepared
     from quantdiff.quant.registry import method_name
     from quantdiff.report.markdown import write_report_markdown
     from quantdiff.jobs.stats import StatsOptions
@@ -154,13 +154,16 @@ def reproduce(options: ReproduceOptions, console) -> Path:
             stats_doc["data"]["source"] = BB_SOURCE if recipe.synthetic else BOS_CORPUS_SOURCE
             write_json(tmp / "stats.json", stats_doc)
         cells: list[Cell] = []
+        bos: dict[str, dict] = {}  # what opened each model's sequences (the same for every text task)
         for task in tasks:
             configs = plan.configs if task.name in PER_TOKEN_TASKS else attention_plan.configs
             console.print(f"sweep: task {task.name}, {len(configs) + 1} cells per model")
-            task_cells = run_models(specs, task, configs, None, options.device, quiet=False)
+            prepared = prepare_models(specs, task, None)
+            task_cells = run_prepared(prepared, task, configs, options.device, quiet=False)
+            bos.update({model.name: model.bos.to_dict() for model in prepared})
             plot_sweep(task_cells, tmp / f"sweep_{task.name}.png", task.headline)
             cells += task_cells
-        sweep_doc = cells_to_json(cells, model_sources(specs))
+        sweep_doc = cells_to_json(cells, model_sources(specs), bos)
         write_json(tmp / "sweep.json", sweep_doc, indent=2)
         series = read_series(dirs)
         if series:

@@ -93,11 +93,13 @@ def _evaluate(source: Path, out: Path, task, tokenizer, limit: int | None, trust
     """The task on the source model and on the export as quantdiff reloads it, one model in memory at a time."""
     from quantdiff.jobs.evaluate import report
     from quantdiff.eval.sweep import run_sweep
+    from quantdiff.models.bos import decide_bos
     from quantdiff.quant.checkpoint import load, load_quantized
 
+    bos = decide_bos(source, tokenizer)  # both as the source model was trained
     cells = []
     for name, load_model in (("source", lambda: load(source, trust_remote_code=trust_remote_code)), ("quantized", lambda: load_quantized(out))):
         model = load_model()
-        cells.extend(run_sweep({name: (model, tokenizer)}, task, [], limit))
+        cells.extend(run_sweep({name: (model, tokenizer)}, task, [], limit, bos_ids={name: bos.token_id}))
         del model
-    report(cells, task, None, quiet=True)
+    report(cells, task, None, quiet=True, bos={"source": bos, "quantized": bos})

@@ -27,7 +27,7 @@ def _one_model(model: str | Path) -> Path:
 
 
 def load(model: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None, **kwargs) -> nn.Module:
-    """A built-in name ('tiny/diff', 'smollm2'), a local model directory, a GGUF file (its dequantized copy), a
+    """A built-in name ('tiny/diff', 'smollm2', 'gemma3'), a local model directory, a GGUF file (its dequantized copy), a
     hub id or a quantdiff export, on the quantdiff backend.
 
     device: default CUDA when present, else CPU; other keywords (`device_map`, `tile_size`) as `checkpoint.load`.

@@ -96,3 +96,20 @@ def test_a_corrupt_joined_copy_is_joined_again(gemma3_dir, tmp_path, monkeypatch
     path.parent.mkdir(parents=True)
     path.write_bytes(b"GGUF not the model")
     assert wheel_file("gemma3") == path and path.stat().st_size == sum(p.stat().st_size for p in part_files("gemma3"))
+
+
+@pytest.mark.slow
+def test_eval_and_info_take_gemma3_by_name(gemma3_dir, tmp_path, capsys, monkeypatch):
+    import json
+
+    (tmp_path / "words.txt").write_text("The quick brown fox jumps over the lazy dog. " * 20)
+    main(["eval", "gemma3", "--task", "lm", "--data", str(tmp_path / "words.txt"), "--context", "16", "--limit", "1", "--quiet",
+          "--json", str(tmp_path / "e.json")])
+    doc = json.loads((tmp_path / "e.json").read_text())
+    assert doc["sources"]["gemma3"]["quantization"] == "Q4_K_M" and doc["cells"][0]["tokens"] == 15  # BOS + 15 scored
+    assert doc["bos"]["gemma3"] == {"added": True, "token_id": 2, "token": "<bos>", "mode": "auto",
+                                    "reason": "the GGUF file's tokenizer.ggml.add_bos_token = true"}
+    monkeypatch.setenv("COLUMNS", "200")
+    main(["info", "gemma3"])
+    out = capsys.readouterr().out
+    assert "Gemma3ForCausalLM" in out and "GGUF Q4_K_M, dequantized to float32" in out and "268,098,176" in out

@@ -8,7 +8,7 @@ import typer
 
 
 def info(
-    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files, built-in names (tiny, smollm2) or hub ids (org/name, org/name@revision).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files, built-in names (tiny, smollm2, gemma3) or hub ids (org/name, org/name@revision).")],
     device: Annotated[str, typer.Option(help="cpu, cuda, or auto (CUDA when present).")] = "auto",
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit); only for hub ids (an error otherwise).")] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default).")] = False,

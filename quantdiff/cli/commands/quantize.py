@@ -9,7 +9,7 @@ import typer
 
 
 def quantize(
-    model: Annotated[str, typer.Argument(help="Model directory, GGUF file (dequantized first), built-in name (tiny/diff, smollm2) or hub id (org/name).")],
+    model: Annotated[str, typer.Argument(help="Model directory, GGUF file (dequantized first), built-in name (tiny/diff, smollm2, gemma3) or hub id (org/name).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory (written atomically).")],
     bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4.")] = "4",
     method: Annotated[str, typer.Option("--method", help="absmax (packed, ours), llm-int8, nf4 or fp4 (bitsandbytes layouts).")] = "absmax",

@@ -9,7 +9,7 @@ import typer
 
 
 def stats(
-    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files (statistics of the dequantized model), built-in names ('tiny' = its standard and diff models; 'smollm2', a real GGUF model) or hub ids (org/name, org/name@revision).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files (statistics of the dequantized model), built-in names ('tiny' = its standard and diff models; 'smollm2', 'gemma3': real GGUF models) or hub ids (org/name, org/name@revision).")],
     data: Annotated[str, typer.Option(help="UTF-8 text file, JSONL with 'text' or 'input_ids', builtin:corpus or builtin:retrieval.")] = "builtin:corpus",
     tokens: Annotated[int, typer.Option(help="Total tokens to observe per model.")] = 65536,
     seq_len: Annotated[Optional[int], typer.Option(help="Sequence length (default: min(1024, the model's positions)).")] = None,

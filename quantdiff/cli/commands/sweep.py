@@ -29,7 +29,7 @@ BosOpt = Annotated[str, typer.Option("--bos", help="BOS first in every sequence:
 
 
 def sweep(
-    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files (dequantized), built-in names ('tiny' = the shipped standard and Diff pair; 'smollm2', a real GGUF model) or hub ids (org/name, org/name@revision).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files (dequantized), built-in names ('tiny' = the shipped standard and Diff pair; 'smollm2', 'gemma3': real GGUF models) or hub ids (org/name, org/name@revision).")],
     task: TaskOpt = "choice",
     bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
     method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",
@@ -91,7 +91,7 @@ def sweep(
 
 
 def evaluate(
-    model: Annotated[str, typer.Argument(help="A model directory, GGUF file (dequantized), built-in name (tiny/diff, smollm2) or hub id (org/name).")],
+    model: Annotated[str, typer.Argument(help="A model directory, GGUF file (dequantized), built-in name (tiny/diff, smollm2, gemma3) or hub id (org/name).")],
     task: TaskOpt = "choice",
     bits: Annotated[Optional[int], typer.Option("--bits", help="Quantize to this many bits (2–16); omit for the unquantized model.")] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="absmax (default) or llm-int8; needs --bits.")] = None,

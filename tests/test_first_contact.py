@@ -26,6 +26,8 @@ def test_a_pair_runs_stats_and_eval_as_written(tmp_path, monkeypatch):
     assert entry["tokens"] == 256 and entry["bos"]["reason"] == "its tokenizer adds no BOS"
     main(["eval", str(tmp_path / "P" / "diff"), "--task", "lm", "--limit", "1", "--context", "64", "--quiet", "--json", str(tmp_path / "e.json")])
     assert json.loads((tmp_path / "e.json").read_text())["cells"][0]["tokens"] == 63
+    main(["stats", str(tmp_path / "P"), "--tokens", "64", "--seq-len", "64", "--quiet", "--json", str(tmp_path / "s.json")])
+    assert [m["name"] for m in json.loads((tmp_path / "s.json").read_text())["models"]] == ["standard", "diff"]  # the pair as a whole
 
 
 def test_loading_from_python_prints_nothing():

@@ -26,8 +26,8 @@ HUB_FILES = ["*.safetensors", "*.safetensors.index.json", "*.json", "tokenizer*"
 
 
 def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]:
-    """'tiny' → [standard, diff] directories (a built-in name → all its models); 'tiny/diff' → that one; an
-    existing directory → itself; a GGUF file, 'smollm2' or 'gemma3' → its dequantized directory in the user cache;
+    """'tiny' → [standard, diff] directories (a built-in name → all its models); 'tiny/diff' → that one; a
+    directory `quantdiff pair` wrote → its models; an existing directory → itself; a GGUF file, 'smollm2' or 'gemma3' → its dequantized directory in the user cache;
     'org/name' (or 'org/name@revision') → its snapshot directory in the Hugging Face cache. `revision` is for hub
     ids only."""
     path = Path(name_or_path)
@@ -40,6 +40,12 @@ def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]
         from quantdiff.models.gguf_model import gguf_model_dir
 
         return [gguf_model_dir(path)]
+    if path.is_dir() and not (path / "config.json").exists():
+        from quantdiff.core.savedir import marked_kind
+        from quantdiff.models.pairs import ALL_KINDS
+
+        if marked_kind(path) == "pair":  # what `quantdiff pair OUT` wrote: its models, as 'tiny' gives its own
+            return [path / kind for kind in ALL_KINDS if (path / kind).is_dir()]
     if path.exists():
         return [path]
     if name in BUILT_IN and kind in ("", *BUILT_IN[name]):

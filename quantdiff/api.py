@@ -39,7 +39,7 @@ def _one_model(model: str | Path) -> Path:
 
 
 def load(model: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | str | None = None, **kwargs: Any) -> nn.Module:
-    """A built-in name ('tiny/diff', 'smollm2'), a local model directory, a GGUF file (its dequantized copy), a
+    """A built-in name ('tiny/diff', 'smollm2', 'gemma3'), a local model directory, a GGUF file (its dequantized copy), a
     hub id or a quantdiff export, on the quantdiff backend.
 
     device: default CUDA when present, else CPU; dtype: a floating torch.dtype or its name ('bfloat16'); other

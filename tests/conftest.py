@@ -37,3 +37,12 @@ def smollm2_dir():
     from quantdiff.models.names import resolve
 
     return resolve("smollm2")[0]
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir():
+    """The second built-in real model (Gemma 3 270M, from five wheels): joined and converted once into the user
+    cache (scripts/setup.sh does it), then reused."""
+    from quantdiff.models.names import resolve
+
+    return resolve("gemma3")[0]

@@ -210,8 +210,9 @@ def test_reproduce_reports_every_arm_on_the_bb_task(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     recipe = MICRO.replace("[analysis]", "") + "\n[analysis]\nstats_tokens = 128\nseq_len = 32\nbits = [8, 4]\n"
     (tmp_path / "micro.toml").write_text(recipe)
-    main(["reproduce", "micro.toml", "--out", "rep"])
+    main(["reproduce", "micro.toml", "--out", "rep", "--real-model", "smollm2"])  # one real model end to end (Gemma: test_real_model)
     assert "report -> rep/report.md" in capsys.readouterr().out.replace("\\", "/")
+    assert "## Real pretrained models: `smollm2`" in (tmp_path / "rep" / "report.md").read_text()
     stats = json.loads((tmp_path / "rep" / "stats.json").read_text())
     sweep = json.loads((tmp_path / "rep" / "sweep.json").read_text())
     report = (tmp_path / "rep" / "report.md").read_text()

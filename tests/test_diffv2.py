@@ -172,7 +172,7 @@ def test_a_pairing_across_groups_is_refused_in_one_line(models, tmp_path, capsys
 def test_pair_command_writes_a_diffv2_of_the_same_sizes(tmp_path, capsys):
     from quantdiff.cli.app import main
 
-    argv = ["pair", str(tmp_path / "p"), "--diffv2", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "40", "--context", "16"]
+    argv = ["pair", str(tmp_path / "p"), "--diffv2", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "259", "--context", "16"]
     with pytest.raises(SystemExit) as info:
         main(argv)
         raise SystemExit(0)

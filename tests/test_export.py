@@ -368,7 +368,7 @@ def test_cli_eval_compares_source_and_reloaded_export(tmp_path, monkeypatch):
     build_pair(preset)["diff"].save_pretrained(tmp_path / "src")
     save_tokenizer(tokenizer, tmp_path / "src")
     seen = []
-    monkeypatch.setattr(evaluate, "report", lambda cells, task, json_path, quiet: seen.append(cells))
+    monkeypatch.setattr(evaluate, "report", lambda cells, task, json_path, quiet, **_: seen.append(cells))
     args = ["--eval", "lm", "--data", str(tmp_path / "text.txt"), "--context", "32", "--limit", "3", "--force"]
     losses = {}
     for bits in ("16", "2"):

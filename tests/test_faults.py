@@ -215,8 +215,8 @@ def test_force_replaces_only_quantdiff_outputs(tmp_path, capsys):
     main(["quantize", str(src), "--out", str(out), "--bits", "8"])
     main(["quantize", str(src), "--out", str(out), "--bits", "4", "--force"])  # ours: replaced
     assert json.loads((out / "config.json").read_text())["quantization_config"]["bits"] == 4
-    main(["pair", str(tmp_path / "p"), "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "64"])
-    main(["pair", str(tmp_path / "p"), "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "64", "--force"])
+    main(["pair", str(tmp_path / "p"), "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "259"])
+    main(["pair", str(tmp_path / "p"), "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "259", "--force"])
     for target in (src, tmp_path / "models"):
         with pytest.raises(SystemExit):
             main(["quantize", str(src), "--out", str(target), "--force"])

@@ -16,7 +16,8 @@ from safetensors import safe_open
 
 from quantdiff.cli.app import main
 from quantdiff.models import gguf_model
-from quantdiff.models.names import resolve, wheel_file
+from quantdiff.models.names import resolve
+from quantdiff.models.wheels import wheel_file
 from quantdiff.models.source import SOURCE_FILE, model_source
 
 
@@ -153,10 +154,12 @@ TINY_LLAMA = {  # GGUF name: (rows, columns) of a one-layer Llama, width 8, 2 he
 
 
 def _tiny_llama_gguf(path: Path, leave_out: str | None = None, block_count: int = 1, context_length: int = 32, heads: int = 2,
-                     tokens: int = 16, extra: dict[str, tuple] | None = None, seed: int = 0, vocab_size: int | None = 16) -> dict[str, np.ndarray]:
-    """A float32 Llama GGUF with a minimal tokenizer (`tokens` entries; the embedding has 16 rows); returns the
-    tensors written. `extra`: more tensors by name and shape; `vocab_size` None: not in the header (transformers
-    then takes the tokenizer's size)."""
+                     tokens: int | list[str] = 16, extra: dict[str, tuple] | None = None, seed: int = 0, vocab_size: int | None = 16,
+                     add_bos: bool | None = None) -> dict[str, np.ndarray]:
+    """A float32 Llama GGUF with a minimal tokenizer (`tokens`: a count of generated names, or the list; the
+    embedding has 16 rows); returns the tensors written. `extra`: more tensors by name and shape; `vocab_size`
+    None: not in the header (transformers then takes the tokenizer's size); `add_bos`: its
+    tokenizer.ggml.add_bos_token, None = not written."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -172,12 +175,15 @@ def _tiny_llama_gguf(path: Path, leave_out: str | None = None, block_count: int 
         writer.add_vocab_size(vocab_size)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"t{i}" for i in range(tokens)])
+    token_list = [f"t{i}" for i in range(tokens)] if isinstance(tokens, int) else tokens
+    writer.add_token_list(token_list)
     writer.add_token_merges([])
-    writer.add_token_scores([0.0] * tokens)
-    writer.add_token_types([1] * tokens)
+    writer.add_token_scores([0.0] * len(token_list))
+    writer.add_token_types([1] * len(token_list))
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
     rng = np.random.default_rng(seed)
     shapes = {name: shape for name, shape in TINY_LLAMA.items() if name != leave_out} | (extra or {})
     tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}

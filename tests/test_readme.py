@@ -27,6 +27,8 @@ SKIPPED = {
     "quantdiff stats smollm2": "the real model (minutes on two cores): its figures are checked by test_real_model.py",
     "quantdiff sweep smollm2": "the real model (minutes on two cores): its figures are checked by test_real_model.py",
     "quantdiff quantize smollm2": "the real model (minutes on two cores): its exports are checked by test_real_model.py",
+    "quantdiff stats gemma3": "the real model (minutes on two cores): its figures are checked by test_real_model.py",
+    "quantdiff sweep gemma3": "the real model (minutes on two cores): its sweep is what `make reproduce` runs",
 }
 # Commands that run but take longer than ~20 s on two CPU cores; they read the corpus (their default data).
 SLOW = ("quantdiff stats tiny", "quantdiff sweep tiny", "quantdiff eval tiny")

@@ -208,7 +208,7 @@ def test_real_model_section_says_why_when_the_model_cannot_load(tmp_path):
     # 80 columns, as rich uses on a pipe: the message must stay one line, whatever the length of the path.
     console = Console(file=io.StringIO(), width=80)
     section = run_real_model(str(tmp_path / "no-such-model"), tmp_path, "cpu", console)
-    assert section.startswith("## A real pretrained model") and "Not measured: " in section
+    assert section.startswith("## Real pretrained models") and f"`{tmp_path / 'no-such-model'}`: not measured: " in section
     (line,) = console.file.getvalue().splitlines()
     assert line.startswith(f"real model '{tmp_path / 'no-such-model'}' not measured: ")
     assert not (tmp_path / "real_model.json").exists()

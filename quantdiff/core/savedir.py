@@ -148,9 +148,12 @@ def _install(tmp: Path, out: Path, force: bool, kind: str, sources: list, flag: 
         shutil.rmtree(old)
 
 
-def save_pair(models: dict[str, PreTrainedModel], out: str | Path, force: bool = False) -> None:
-    """Save {kind: model} as OUT/<kind>/ HF directories (safetensors), atomically as a whole."""
+def save_pair(models: dict[str, PreTrainedModel], out: str | Path, force: bool = False, tokenizer=None) -> None:
+    """Save {kind: model} as OUT/<kind>/ HF directories (safetensors, and `tokenizer` beside each model when
+    given), atomically as a whole."""
     with atomic_dir(out, force, kind="pair") as tmp:
         for kind, model in models.items():
             model.save_pretrained(tmp / kind, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(tmp / kind))
             mark(tmp / kind, "model")

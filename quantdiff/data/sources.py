@@ -6,7 +6,9 @@ A source is one of:
   or `input_ids` (each record used as-is as one sequence: exact across tokenizers);
 - `builtin:corpus` (the held-out split of the project's corpus) or `builtin:retrieval` (needle documents
   of `seq_len` tokens built from that split).
-Sequences are taken in order until `tokens` tokens are reached; the last one is cut to fit exactly.
+Sequences are taken in order until `tokens` tokens are reached; the last one is cut to fit exactly. With a
+`bos_id`, every sequence cut from text starts with that token and holds `seq_len` tokens with it (a model trained
+with BOS first is measured as it runs: `models.bos`); `input_ids` records stay exactly as given.
 """
 
 from __future__ import annotations
@@ -50,24 +52,30 @@ class Batch:
         return Batch(self.input_ids.to(device), mask, self.first_sequence)
 
 
-def load_sequences(source: str, tokenize: Tokenize | None, tokens: int, seq_len: int, vocab_size: int) -> list[list[int]]:
+def load_sequences(
+    source: str, tokenize: Tokenize | None, tokens: int, seq_len: int, vocab_size: int, bos_id: int | None = None
+) -> list[list[int]]:
     """Token sequences of `source` (see the module docstring), at most `seq_len` long, `tokens` in total.
 
-    tokenize: text → ids (None when the source must be pre-tokenized). Raises DataError on bad input.
+    tokenize: text → ids (None when the source must be pre-tokenized). bos_id: put first in every sequence cut
+    from text. Raises DataError on bad input.
     """
     if tokens < 1:
         raise DataError(f"--tokens must be positive, got {tokens}")
     check_fits(tokens * BATCH_BYTES_PER_TOKEN, f"--tokens {tokens:,}")  # every batch is held until the run ends
     if seq_len < 1:
         raise DataError(f"--seq-len must be positive, got {seq_len}")
+    prefix = [] if bos_id is None else [bos_id]
+    if seq_len <= len(prefix):
+        raise DataError(f"--seq-len {seq_len} leaves no room for text after BOS: use at least 2")
     if source in BUILTINS:
-        sequences = _builtin(source, _need(tokenize, source), tokens, seq_len)
+        sequences = _builtin(source, _need(tokenize, source), tokens, seq_len, prefix)
     else:
         path = Path(source)
         if path.suffix == ".jsonl":
-            sequences = _jsonl(path, tokenize, tokens, seq_len)
+            sequences = _jsonl(path, tokenize, tokens, seq_len, prefix)
         else:
-            sequences = _windows(_chunks(read_text(path)), _need(tokenize, source), tokens, seq_len)
+            sequences = _windows(_chunks(read_text(path)), _need(tokenize, source), tokens, seq_len, prefix)
     out = _budget(sequences, tokens)
     if not out:
         raise DataError(f"no tokens in {source}")
@@ -156,27 +164,29 @@ def _chunks(text: str) -> list[str]:
     return pieces
 
 
-def _windows(texts, tokenize: Tokenize, tokens: int, seq_len: int, per_text: bool = False) -> list[list[int]]:
-    """Windows of seq_len over the token stream of `texts` (one stream, or one per text if per_text)."""
+def _windows(texts, tokenize: Tokenize, tokens: int, seq_len: int, prefix: list[int], per_text: bool = False) -> list[list[int]]:
+    """`prefix` + a window of the token stream of `texts` (one stream, or one per text if per_text), seq_len
+    tokens in all."""
+    width = seq_len - len(prefix)
     out, stream, total = [], [], 0
     for text in texts:
         stream.extend(tokenize(text))
-        full = len(stream) - len(stream) % seq_len
-        out.extend(stream[i : i + seq_len] for i in range(0, full, seq_len))
+        full = len(stream) - len(stream) % width
+        out.extend(prefix + stream[i : i + width] for i in range(0, full, width))
         total += full
         stream = stream[full:]
         if per_text and stream:
-            out.append(stream)
+            out.append(prefix + stream)
             total += len(stream)
             stream = []
         if total >= tokens:
             return out
     if stream:
-        out.append(stream)
+        out.append(prefix + stream)
     return out
 
 
-def _jsonl(path: Path, tokenize: Tokenize | None, tokens: int, seq_len: int) -> list[list[int]]:
+def _jsonl(path: Path, tokenize: Tokenize | None, tokens: int, seq_len: int, prefix: list[int]) -> list[list[int]]:
     text = read_text(path)
     records, field = [], None
     for number, line in enumerate(text.splitlines(), start=1):
@@ -209,15 +219,15 @@ def _jsonl(path: Path, tokenize: Tokenize | None, tokens: int, seq_len: int) -> 
         raise DataError(f"data file is empty: {path}")
     if field == "input_ids":
         return records
-    return _windows(records, _need(tokenize, str(path)), tokens, seq_len, per_text=True)
+    return _windows(records, _need(tokenize, str(path)), tokens, seq_len, prefix, per_text=True)
 
 
-def _builtin(source: str, tokenize: Tokenize, tokens: int, seq_len: int) -> list[list[int]]:
+def _builtin(source: str, tokenize: Tokenize, tokens: int, seq_len: int, prefix: list[int]) -> list[list[int]]:
     from quantdiff.data.corpus import held_out_text  # raises DataError with install instructions when the corpus is missing
 
     text = held_out_text()
     if source == BUILTIN_CORPUS:
-        return _windows(_chunks(text), tokenize, tokens, seq_len)
+        return _windows(_chunks(text), tokenize, tokens, seq_len, prefix)
     from quantdiff.data.needles import Filler, make_needle_example
 
     filler = Filler(text, lambda pieces: [len(tokenize(p)) for p in pieces])
@@ -225,7 +235,8 @@ def _builtin(source: str, tokenize: Tokenize, tokens: int, seq_len: int) -> list
     out, total = [], 0
     while total < tokens:
         depths = sorted(rng.random() for _ in range(RETRIEVAL_NEEDLES))
-        ids = tokenize(make_needle_example(rng, filler, seq_len, RETRIEVAL_NEEDLES, depths).text)[:seq_len]
+        width = seq_len - len(prefix)
+        ids = prefix + tokenize(make_needle_example(rng, filler, width, RETRIEVAL_NEEDLES, depths).text)[:width]
         out.append(ids)
         total += len(ids)
     return out

@@ -18,6 +18,9 @@ from torch import nn
 from quantdiff.core.errors import DataError
 
 Progress = Callable[[int], None]  # called with the number of items just finished
+# One batch's float32 logits (rows × tokens × vocabulary): a 262K vocabulary (Gemma 3) at 256 tokens is 268 MB a
+# row, so its batches shrink to 2 rows; 50K vocabularies at 256 tokens still take 10.
+LOGITS_BUDGET_BYTES = 1 << 29
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,20 @@ def left_pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch
     return ids.to(device), mask.to(device), positions.to(device)
 
 
+def batches_within_budget(model: nn.Module, widths: Sequence[int], batch_size: int) -> Iterator[slice]:
+    """Consecutive slices of rows (of `widths` tokens each), at most `batch_size` long, whose logits stay within
+    LOGITS_BUDGET_BYTES (one row always goes, whatever its size)."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 1
+    start = 0
+    while start < len(widths):
+        stop, width = start + 1, widths[start]
+        while stop < len(widths) and stop - start < batch_size and (stop - start + 1) * max(width, widths[stop]) * vocab * 4 <= LOGITS_BUDGET_BYTES:
+            width = max(width, widths[stop])
+            stop += 1
+        yield slice(start, stop)
+        start = stop
+
+
 @torch.no_grad()
 def next_token_logits(model: nn.Module, seqs: Sequence[Sequence[int]]) -> torch.Tensor:
     """Logits (B, T, V) of a left-padded batch; row b's last len(seqs[b]) positions are its tokens."""
@@ -113,8 +130,8 @@ def score_targets(
         inputs.append(whole[-(limit + 1) :][:-1] if limit is not None else whole[:-1])
     order = sorted(range(len(requests)), key=lambda i: -len(inputs[i]))
     scores: list[TargetScore | None] = [None] * len(requests)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
+    for rows in batches_within_budget(model, [len(inputs[i]) for i in order], batch_size):
+        chunk = order[rows]
         logits = next_token_logits(model, [inputs[i] for i in chunk])  # (B, T, V)
         logprobs = torch.log_softmax(logits, dim=-1)
         for row, i in enumerate(chunk):

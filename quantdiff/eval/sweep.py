@@ -134,19 +134,22 @@ def run_sweep(
     limit: int | None = None,
     progress: CellProgress | None = None,
     include_reference: bool = True,
+    bos_ids: dict[str, int | None] | None = None,
 ) -> list[Cell]:
-    """{name: (model, tokenizer)} -> the unquantized reference cell, then one cell per config, model by model."""
+    """{name: (model, tokenizer)} -> the unquantized reference cell, then one cell per config, model by model;
+    `bos_ids`: {name: the BOS id opening its sequences (`models.bos`)}, none where absent."""
     cells = []
     for name, (model, tokenizer) in models.items():
-        prepared = task.prepare(tokenizer, limit)
+        prepared = task.prepare(tokenizer, limit, (bos_ids or {}).get(name))
         cells.extend(run_model_cells(name, model, task, prepared, configs, progress, include_reference))
     return cells
 
 
-def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None = None) -> dict[str, Any]:
-    """The cells, and per model where it came from (`models.source.model_source`: None for a plain directory);
-    `schema` marks the file as quantdiff's (`core.owned`)."""
-    return {"schema": SWEEP_SCHEMA, "cells": [cell.to_dict() for cell in cells], "sources": sources or {}}
+def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None = None, bos: dict[str, dict] | None = None) -> dict[str, Any]:
+    """The cells, and per model where it came from (`models.source.model_source`: None for a plain directory) and
+    what opened its sequences (`models.bos.BosChoice.to_dict`); `schema` marks the file as quantdiff's
+    (`core.owned`)."""
+    return {"schema": SWEEP_SCHEMA, "cells": [cell.to_dict() for cell in cells], "sources": sources or {}, "bos": bos or {}}
 
 
 def cells_from_json(data: dict[str, Any]) -> list[Cell]:

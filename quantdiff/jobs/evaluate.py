@@ -1,9 +1,11 @@
-"""Evaluating models on a task: load one model at a time, run its sweep cells, print and write the cells."""
+"""Evaluating models on a task: prepare every model's data first (each with its own BOS convention), then load
+one model at a time, run its sweep cells, print and write the cells."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -13,54 +15,83 @@ from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import task_bars
 from quantdiff.eval.sweep import Cell, cell_label, cells_to_json, run_model_cells
 from quantdiff.eval.tasks.registry import Task
+from quantdiff.models.bos import BosChoice, check_mode, decide_bos, describe_bos
 from quantdiff.quant.sites import QuantConfig
 
 
-def run_models(
-    specs: Sequence[tuple[str, Path]],
+@dataclass(frozen=True)
+class PreparedModel:
+    """One model's task data, built for its tokenizer and its BOS convention, before any weights load."""
+
+    name: str
+    path: Path
+    tokenizer: Any
+    data: Any
+    bos: BosChoice
+
+
+def prepare_models(
+    specs: Sequence[tuple[str, Path]], task: Task, limit: int | None, bos: str = "auto", device: str | torch.device | None = None,
+    trust_remote_code: bool = False,
+) -> list[PreparedModel]:
+    """Every model's task data, prepared (and so checked) before any weights are loaded; each model opens its
+    sequences as it was trained (`models.bos`) unless `bos` says always or never. The task's sizes are checked
+    against each model's positions and the memory of `device` first."""
+    from quantdiff.eval.bounds import check_task_fits
+    from quantdiff.models.loading import load_config, load_tokenizer
+
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be positive, got {limit}")
+    check_mode(bos)
+    if task.bos_by_construction and bos == "never":
+        raise ConfigError(f"task {task.name}'s sequences start with BOS by construction: --bos never does not apply")
+    target = resolve_device(device)
+    for _, path in specs:  # sizes against the model's positions and the machine's memory, before any data is built
+        check_task_fits(task, load_config(path, trust_remote_code), target)
+    out = []
+    for name, path in specs:
+        tokenizer = load_tokenizer(path)
+        if task.bos_by_construction:
+            choice = BosChoice(tokenizer.bos_token_id, tokenizer.bos_token, bos, f"task {task.name}: BOS first by construction")
+        else:
+            choice = decide_bos(path, tokenizer, bos)
+        out.append(PreparedModel(name, path, tokenizer, task.prepare(tokenizer, limit, choice.token_id), choice))
+    return out
+
+
+def run_prepared(
+    models: Sequence[PreparedModel],
     task: Task,
     configs: Sequence[QuantConfig],
-    limit: int | None,
     device: str | torch.device | None,
     quiet: bool,
     include_reference: bool = True,
     allow_partial: bool = False,
     trust_remote_code: bool = False,
 ) -> list[Cell]:
-    """Load each model in turn (only one in memory) and run its cells; every model's task data is prepared
-    (and so checked) before any weights are loaded."""
-    from transformers.utils import logging as transformers_logging
-
-    from quantdiff.eval.bounds import check_task_fits
-    from quantdiff.models.loading import load_config, load_tokenizer
+    """Load each model in turn (only one in memory) and run its cells on its prepared data."""
     from quantdiff.quant.checkpoint import load
 
-    if limit is not None and limit < 1:
-        raise ConfigError(f"limit must be positive, got {limit}")
     target = resolve_device(device)
-    for _, path in specs:  # sizes against the model's positions and the machine's memory, before any data is built
-        check_task_fits(task, load_config(path, trust_remote_code), target)
-    tokenizers = [load_tokenizer(path) for _, path in specs]
-    prepared = [task.prepare(tokenizer, limit) for tokenizer in tokenizers]
-    if quiet:
-        transformers_logging.disable_progress_bar()  # its "Loading weights" bar
     cells: list[Cell] = []
     with task_bars(quiet, transient=True) as progress:
-        for (name, path), tokenizer, data in zip(specs, tokenizers, prepared):
-            model = load(path, device=target, trust_remote_code=trust_remote_code)
-            if len(tokenizer) > model.config.vocab_size:
-                raise LoadError(f"{path}: the tokenizer has {len(tokenizer)} tokens, the model only {model.config.vocab_size}")
-            cells.extend(run_model_cells(name, model, task, data, configs, progress, include_reference, allow_partial))
+        for prepared in models:
+            model = load(prepared.path, device=target, trust_remote_code=trust_remote_code)
+            if len(prepared.tokenizer) > model.config.vocab_size:
+                raise LoadError(f"{prepared.path}: the tokenizer has {len(prepared.tokenizer)} tokens, the model only {model.config.vocab_size}")
+            cells.extend(run_model_cells(prepared.name, model, task, prepared.data, configs, progress, include_reference, allow_partial))
             del model
     return cells
 
 
 def report(
-    cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool, sources: dict[str, dict | None] | None = None, force: bool = False
+    cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool, sources: dict[str, dict | None] | None = None,
+    bos: dict[str, BosChoice] | None = None, force: bool = False,
 ) -> None:
-    """Print the cells as a table (and a warning on stderr, even when quiet, per invalid cell); write them as
-    JSON if asked, with each model's `sources` record (`-`: to stdout, the table then to stderr); an existing
-    JSON file is replaced only if quantdiff wrote it, or with `force`."""
+    """Print the cells as a table (and a warning on stderr, even when quiet, per invalid cell), with a line per model
+    saying what opened its sequences; write them as JSON if asked, with each model's `sources` and `bos` records
+    (`-`: to stdout, the table then to stderr); an existing JSON file is replaced only if quantdiff wrote it, or
+    with `force`."""
     from quantdiff.report.console import table_console, warn
     from quantdiff.report.sweep_report import invalid_reason, sweep_table
 
@@ -71,7 +102,9 @@ def report(
     to_stdout = str(json_path) == STDOUT
     out = table_console(table, highlight=False, stderr=to_stdout)  # piped: whole rows, not rich's 80 columns
     out.print(table)
+    for name, choice in (bos or {}).items():
+        out.print(describe_bos(name, choice.to_dict()), soft_wrap=True)
     if json_path is not None:
-        write_json(json_path, cells_to_json(cells, sources), indent=2, force=force)
+        write_json(json_path, cells_to_json(cells, sources, {name: choice.to_dict() for name, choice in (bos or {}).items()}), indent=2, force=force)
         if not quiet and not to_stdout:
             out.print(f"json -> {json_path}")

@@ -27,7 +27,7 @@ class ReproduceOptions:
     tasks: tuple[str, ...] | None = None  # None: TEXT_TASKS, or ("bb",) for a bigram-backcopy recipe
     device: str | None = None
     force: bool = False
-    real_model: str | None = "smollm2"  # a real pretrained model measured too (jobs.real_model); None: not run
+    real_model: str | None = "smollm2,gemma3"  # real pretrained models measured too, comma-separated (jobs.real_model); None: not run
 
 
 def reproduce_tasks(recipe: Recipe, options: ReproduceOptions) -> list:
@@ -88,7 +88,7 @@ def measure_arms(recipe: Recipe, specs: list[tuple[str, Path]], tasks: list, opt
     """Statistics and the accuracy sweep of one set of arms (one seed): out/stats.json and out/sweep.json, and
     with `plots` the statistics' plots and one sweep chart per task; returns (stats document, sweep cells)."""
     from quantdiff.eval.sweep import Cell, cells_to_json, plan_sweep
-    from quantdiff.jobs.evaluate import run_models
+    from quantdiff.jobs.evaluate import prepare_models, run_prepared
     from quantdiff.jobs.stats import StatsOptions
     from quantdiff.jobs.stats import run as run_stats
     from quantdiff.models.source import model_sources
@@ -118,14 +118,17 @@ def measure_arms(recipe: Recipe, specs: list[tuple[str, Path]], tasks: list, opt
         stats_doc["data"]["source"] = BB_SOURCE if recipe.synthetic else BOS_CORPUS_SOURCE
         write_json(out / "stats.json", stats_doc)
     cells: list[Cell] = []
+    bos: dict[str, dict] = {}  # what opened each model's sequences (the same for every text task)
     for task in tasks:
         configs = plan.configs if task.name in PER_TOKEN_TASKS else attention_plan.configs
         console.print(f"sweep: task {task.name}, {len(configs) + 1} cells per model")
-        task_cells = run_models(specs, task, configs, None, options.device, quiet=False)
+        prepared = prepare_models(specs, task, None, device=options.device)
+        task_cells = run_prepared(prepared, task, configs, options.device, quiet=False)
+        bos.update({model.name: model.bos.to_dict() for model in prepared})
         if plots:
             plot_sweep(cell_points(task_cells, task.headline), out / f"sweep_{task.name}.png", task.headline, f"{task.name}: {task.headline} vs bits")
         cells += task_cells
-    write_json(out / "sweep.json", cells_to_json(cells, model_sources(specs)), indent=2)
+    write_json(out / "sweep.json", cells_to_json(cells, model_sources(specs), bos), indent=2)
     return stats_doc, cells
 
 

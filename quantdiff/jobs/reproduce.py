@@ -7,8 +7,8 @@ same held-out data (`jobs.measure_arms`): corpus text (with a BOS token first wh
 or for a bigram-backcopy recipe the generator's held-out sequences and its own task `bb`. The report directory
 holds report.md, stats.json, sweep.json and the PNG plots (with emergence.png when the train logs carry an
 outlier series) — for several seeds each seed's JSON in seed-<s>/ and the summary seeds.json
-(`jobs.reproduce_seeds`) — and, unless turned off, a real pretrained model's section (`jobs.real_model`, with
-real_model.json); it appears only once everything in it is written.
+(`jobs.reproduce_seeds`) — and, unless turned off, a section on real pretrained models side by side
+(`jobs.real_model`, with real_model.json); it appears only once everything in it is written.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     from quantdiff.models.inputs import given_paths
 
     # Every path the run reads (a recipe file, --real-model's models) is an input the report may not touch.
-    read = given_paths(options.target) + (given_paths(options.real_model) if options.real_model else [])
+    real_models = [name.strip() for name in (options.real_model or "").split(",") if name.strip()]
+    read = given_paths(options.target) + [path for name in real_models for path in given_paths(name)]
     check_target(options.out, options.force, read, flag="--out", kind="report")  # before any training or loading
     trained = find_runs(options.target, console)
     read += list(trained.dirs)

@@ -18,6 +18,7 @@ from quantdiff.core.errors import ConfigError, DataError
 from quantdiff.core.device import resolve_device
 from quantdiff.core.memory import check_fits
 from quantdiff.core.progress import rate_column, task_bars
+from quantdiff.models.bos import BosChoice, check_mode, decide_bos
 from quantdiff.stats.collect import DEFAULT_K, collect
 from quantdiff.stats.model_stats import ModelStats
 from quantdiff.stats.distributed import distributed_rank_world, gather_capped_to_rank0, gather_to_rank0
@@ -41,6 +42,7 @@ class StatsOptions:
     force: bool = False  # replace existing --json / plot files quantdiff did not write
     allow_partial: bool = False  # accept attention modules / decoder layers never reached (recorded as coverage)
     trust_remote_code: bool = False
+    bos: str = "auto"  # BOS first in every sequence cut from text: as each model was trained (models.bos), always, never
 
 
 DEFAULT_SEQ_LEN = 1024
@@ -51,6 +53,7 @@ class PlannedModel:
     name: str
     path: Path
     batches: list[Batch]
+    bos: BosChoice
 
 
 def plan(options: StatsOptions) -> list[PlannedModel]:
@@ -64,6 +67,7 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
     for flag, value in (("--tokens", options.tokens), ("--batch-size", options.batch_size), ("--top-k", options.k), ("--seq-len", options.seq_len)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be positive, got {value}")
+    check_mode(options.bos)
     if options.data not in BUILTINS:
         check_data_file(options.data)
     if options.tile_size is not None and options.tile_size < 1:
@@ -88,13 +92,14 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
         seq_len = options.seq_len or min(DEFAULT_SEQ_LEN, positions)
         if seq_len > positions:
             raise DataError(f"--seq-len {seq_len} exceeds the {positions} positions of {path}")
-        tokenize = None
+        tokenize, bos = None, BosChoice(None, None, options.bos, "input_ids records used as given")
         if not _pretokenized(options.data):
             tokenizer = load_tokenizer(path)
             tokenize = lambda text, tok=tokenizer: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-        sequences = load_sequences(options.data, tokenize, options.tokens, seq_len, config.vocab_size)
+            bos = decide_bos(path, tokenizer, options.bos)
+        sequences = load_sequences(options.data, tokenize, options.tokens, seq_len, config.vocab_size, bos.token_id)
         pad = getattr(config, "pad_token_id", None) or 0
-        planned.append(PlannedModel(name, path, make_batches(sequences, options.batch_size, pad)))
+        planned.append(PlannedModel(name, path, make_batches(sequences, options.batch_size, pad), bos))
     return planned
 
 
@@ -123,9 +128,6 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
     from quantdiff.report.stats_report import render, warn_nonfinite, write_plots
     from quantdiff.stats.schema import document, model_entry
 
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
     rank, world = distributed_rank_world()
     planned = plan(options)
     to_stdout = str(options.json_path) == STDOUT  # the JSON is the output: tables go to stderr, no bars
@@ -144,7 +146,7 @@ def run(options: StatsOptions, quiet: bool = False, per_layer: bool = False) -> 
             del loaded
             if stats is not None:
                 named.append((model.name, stats))
-                entry = {**model_entry(model.name, str(model.path), stats, kind), "source": model_source(model.path)}
+                entry = {**model_entry(model.name, str(model.path), stats, kind), "source": model_source(model.path), "bos": model.bos.to_dict()}
                 entries.append(_with_definitions(entry, collected, capped, options))
     if rank != 0:
         return None

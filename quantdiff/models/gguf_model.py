@@ -41,8 +41,8 @@ REPORT_REFERENCE = "For details look at the above report!"  # transformers' poin
 
 
 def gguf_facts(path: Path, named: Path | None = None) -> dict:
-    """Architecture and quantization of a GGUF file, read from its header with the `gguf` package; its sizes
-    checked (`gguf_check`). `named`: the path to name in messages (the file as given, not a private copy)."""
+    """Architecture, quantization and `tokenizer.ggml.add_bos_token` (None when absent) of a GGUF file, read from
+    its header with the `gguf` package; its sizes checked (`gguf_check`). `named`: the path to name in messages (the file as given, not a private copy)."""
     import gguf
 
     named = named or path
@@ -51,6 +51,7 @@ def gguf_facts(path: Path, named: Path | None = None) -> dict:
         architecture = reader.get_field("general.architecture").contents()
         file_type = reader.get_field("general.file_type")
         tensor_types = Counter(t.tensor_type.name for t in reader.tensors)
+        add_bos = reader.get_field("tokenizer.ggml.add_bos_token")  # how the model was trained to be fed
     except CONVERSION_ERRORS as exc:
         raise LoadError(f"unreadable GGUF file {named}: {type(exc).__name__}: {_first_line(exc)}") from None
     check_header_sizes(reader, architecture, named)
@@ -58,7 +59,8 @@ def gguf_facts(path: Path, named: Path | None = None) -> dict:
         quantization = gguf.LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     else:  # an optional field: name the file by the type most of its tensors have
         quantization = tensor_types.most_common(1)[0][0] if tensor_types else "none"
-    return {"architecture": architecture, "quantization": quantization, "tensor_types": dict(sorted(tensor_types.items()))}
+    return {"architecture": architecture, "quantization": quantization, "tensor_types": dict(sorted(tensor_types.items())),
+            "add_bos_token": None if add_bos is None else bool(add_bos.contents())}
 
 
 def _first_line(exc: BaseException) -> str:
@@ -78,7 +80,8 @@ def is_complete(directory: Path, sha256: str) -> bool:
     from quantdiff.models.loading import check_model_dir
 
     record = model_source(directory)
-    if record is None or record.get("sha256") != sha256 or not (directory / "tokenizer.json").is_file():
+    # A record without add_bos_token predates it: converted again, so the BOS decision reads the file's own.
+    if record is None or record.get("sha256") != sha256 or "add_bos_token" not in record or not (directory / "tokenizer.json").is_file():
         return False
     if not matches_manifest(directory):
         return False
@@ -166,6 +169,8 @@ def convert(path: Path, out: Path, sha256: str) -> Path:
 
     A private copy is converted, and the entry is named by the hash of exactly its bytes: `out` (the entry of
     `sha256`), or — when the file changed since it was hashed — the entry of what it holds now."""
+    from quantdiff.models.loading import quiet_load_report
+
     gguf_facts(path)  # a header refused as it stands costs no copy (the copy is what is read, and checked, below)
     with cache_problems(out):
         check_cache_entry(out)
@@ -177,7 +182,7 @@ def convert(path: Path, out: Path, sha256: str) -> Path:
             model, tokenizer, facts = _read(copy, path)
             record = {"format": "gguf", "file": path.name, "sha256": digest, **facts, "dtype": DTYPE,
                       "note": "statistics are of the dequantized model"}
-            with atomic_dir(entry, force=True, kind=CACHE_KIND, flag="GGUF cache entry") as tmp:
+            with atomic_dir(entry, force=True, kind=CACHE_KIND, flag="GGUF cache entry") as tmp, quiet_load_report():  # no "Writing model shards" bar
                 model.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
                 write_json(tmp / SOURCE_FILE, record)

@@ -1,5 +1,5 @@
 """Every path that reading a model touches, for the outputs check (`core.outputs.check_outputs`): the model as
-named when it names a path (a directory, a GGUF file), the built-in wheel's GGUF file for a wheel model, and the
+named when it names a path (a directory, a GGUF file), the installed wheel files of a wheel model, and the
 directories the names resolved to (a GGUF file's dequantized copy; each directory stands for the weight files
 it names, wherever they lie)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterable
 
 from quantdiff.core.errors import LoadError
-from quantdiff.models.names import WHEEL_MODELS, wheel_file
+from quantdiff.models.wheels import WHEEL_MODELS, part_files
 
 
 def given_paths(spec: str | Path) -> list[Path]:
@@ -20,7 +20,7 @@ def given_paths(spec: str | Path) -> list[Path]:
         return [path]
     if str(spec) in WHEEL_MODELS:
         try:
-            return [wheel_file(str(spec))]
+            return part_files(str(spec))  # the installed files themselves: naming them joins or hashes nothing
         except LoadError:
             return []
     return []

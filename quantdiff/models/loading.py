@@ -212,15 +212,19 @@ def _refuse(where: str | Path, model_name: str, **problems: list[str]) -> None:
 @contextmanager
 def quiet_load_report(level: int = logging.ERROR) -> Iterator[None]:
     """transformers logs a multi-line table of missing/unexpected/mismatched keys (and, for a config it cannot
-    set, the whole config as an error): we report them in one line."""
+    set, the whole config as an error): we report them in one line. Its "Loading weights" bar is off too: a
+    library call prints nothing, and the CLI draws its own progress."""
     from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity(level)
+    hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _tied_groups(model: torch.nn.Module) -> dict[str, set[str]]:

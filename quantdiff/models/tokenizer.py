@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerFast
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 SPECIAL_TOKENS = [PAD, BOS, EOS]  # ids 0, 1, 2
+BYTES_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # the special tokens and every byte: the smallest byte-level BPE
 
 
 def train_bpe(text: str, vocab_size: int) -> PreTrainedTokenizerFast:
@@ -28,6 +29,12 @@ def train_bpe(text: str, vocab_size: int) -> PreTrainedTokenizerFast:
     chunk = 1 << 16  # the trainer takes an iterator; chunks keep memory flat and the result is the same
     tok.train_from_iterator((text[i : i + chunk] for i in range(0, len(text), chunk)), trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD)
+
+
+def bytes_tokenizer() -> PreTrainedTokenizerFast:
+    """The special tokens and the 256 bytes, no merges (BYTES_VOCAB_SIZE entries): any text tokenizes, learned from
+    none, for models that were never trained (`quantdiff pair`) and whose vocabulary holds at least that many."""
+    return train_bpe("", BYTES_VOCAB_SIZE)
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | Path) -> None:

@@ -24,7 +24,8 @@ from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.outputs import check_outputs
 from quantdiff.core.owned import GGUF_KEY, check_replaceable
 from quantdiff.models.loading import load
-from quantdiff.models.names import WHEEL_MODELS, resolve, wheel_file
+from quantdiff.models.names import resolve
+from quantdiff.models.wheels import WHEEL_MODELS, wheel_file
 from quantdiff.models.source import model_source
 from quantdiff.quant.export import ExportSummary, _plain_tensors, _refuse_nonfinite, _tied_to_other
 from quantdiff.quant.gguf_format import GGUFExport

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Sequence
 
 import quantdiff.core.atomic as atomic
-from quantdiff.core.owned import check_replaceable, plot_metadata
+from quantdiff.core.owned import plot_metadata
 import quantdiff.report.paper as paper
+from quantdiff.models.bos import describe_bos
 from quantdiff.report.markdown import ACTIVATIONS, table5_row
 from quantdiff.report.numbers import number, ratio
 from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR, bin_midpoints
@@ -60,6 +61,8 @@ def render(doc: dict, console=None, per_layer: bool = False, stderr: bool = Fals
     models = doc["models"]
     flagged = [(m, key, label) for key, label in ACTIVATIONS.items() for m in models if sum(nonfinite_share(m[key])[:2])]
     bound = f"median within ±{QUANTILE_RELATIVE_ERROR:.3%} (relative) of exact"
+    if len({m["bos"]["added"] for m in models if "bos" in m}) > 1:  # each model measured as it was trained
+        bound += "; BOS first for some models only: see below"
     table = Table(title=f"Largest |activation| values — {doc['data']['tokens']:,} tokens per model", caption=bound)
     extra = ("non-finite",) if flagged else ()
     for column in ("activation", "model", *paper.TABLE5_COLUMNS, *extra):
@@ -82,6 +85,8 @@ def render(doc: dict, console=None, per_layer: bool = False, stderr: bool = Fals
                       + (f" (channels {features['channels'][:10]})" if features["count"] else ""))
         if "sinks" in model:
             console.print(sink_line(model["name"], model["sinks"]))
+        if "bos" in model:
+            console.print(describe_bos(model["name"], model["bos"]), soft_wrap=True)
     if per_layer:
         for key, label in ACTIVATIONS.items():
             render_per_layer(models, key, label, console)

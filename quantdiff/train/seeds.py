@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from quantdiff.core.errors import ConfigError
-from quantdiff.train.loop import CHECKPOINT, Checkpoint, arms_exist, train_pair
+from quantdiff.train.loop import Checkpoint, arms_exist, train_pair
 from quantdiff.train.recipe import Recipe
 from quantdiff.train.resume_state import same_training
 

@@ -13,7 +13,7 @@ ATTENTION_LABELS = {
 
 
 def info(
-    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files, built-in names (tiny, smollm2) or hub ids (org/name, org/name@revision).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files, built-in names (tiny, smollm2, gemma3) or hub ids (org/name, org/name@revision).")],
     device: Annotated[str, typer.Option(help="cpu, cuda, or auto (CUDA when present).")] = "auto",
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit); only for hub ids (an error otherwise).")] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default).")] = False,
@@ -32,9 +32,6 @@ def info(
     from quantdiff.models.structure import attention_kind
     from quantdiff.report.console import table_console
 
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # a per-model "Loading weights" bar would bury the one table
     target = resolve_device(device, "--device")  # before any loading: a bad name costs nothing
     table = Table(title="quantdiff models")
     for column in ("model", "architecture", "attention", "layers", "heads (kv)", "parameters", "λ / gate / sink", "device", "source"):

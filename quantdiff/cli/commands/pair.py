@@ -1,4 +1,5 @@
-"""`quantdiff pair OUT`: write an untrained, randomly initialised matched standard/Diff pair (and DIFF V2, gated, sink)."""
+"""`quantdiff pair OUT`: write an untrained, randomly initialised matched standard/Diff pair (and DIFF V2, gated, sink),
+each with a byte-level tokenizer, so that every command runs on them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def pair(
     layers: Annotated[int, typer.Option(help="Decoder layers.")] = 4,
     heads: Annotated[int, typer.Option(help="Baseline attention heads; Diff pairs them into heads/2 differential heads.")] = 4,
     kv_heads: Annotated[int, typer.Option(help="Key/value heads (grouped-query attention); 0 = heads.")] = 0,
-    vocab_size: Annotated[int, typer.Option(help="Vocabulary size.")] = 512,
+    vocab_size: Annotated[int, typer.Option(help="Vocabulary size (at least 259: each model gets a byte-level tokenizer, its 256 bytes and 3 special tokens).")] = 512,
     context: Annotated[int, typer.Option(help="Maximum positions.")] = 512,
     seed: Annotated[int, typer.Option(help="Initialisation seed (the same for both kinds).")] = 0,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
@@ -23,27 +24,31 @@ def pair(
     sink: Annotated[bool, typer.Option("--sink", help="Also write OUT/sink: the standard model with a learned sink logit per head (GPT-OSS's sinks).")] = False,
 ) -> None:
     """Build an UNTRAINED matched pair (same config; parameter counts differ only by the λ vectors), and the other
-    kinds asked for; each count is printed with its difference from the standard model's."""
+    kinds asked for, each with a byte-level tokenizer; each count is printed with its difference from the standard
+    model's."""
     from quantdiff.report.console import line_console
 
     from quantdiff.cli.validate import check_positive
     from quantdiff.core.errors import ConfigError
     from quantdiff.core.savedir import check_target, save_pair
     from quantdiff.models.pairs import KINDS, SizePreset, added_parameter_count, build_pair, check_seed, parameter_count
+    from quantdiff.models.tokenizer import BYTES_VOCAB_SIZE, bytes_tokenizer
 
     check_positive(hidden_size=hidden_size, layers=layers, heads=heads, vocab_size=vocab_size, context=context)
     if kv_heads < 0:
         raise ConfigError(f"--kv-heads must be at least 0 (0 = --heads), got {kv_heads}")
     check_seed(seed, "--seed")
+    if vocab_size < BYTES_VOCAB_SIZE:
+        raise ConfigError(f"--vocab-size must be at least {BYTES_VOCAB_SIZE}: the pair's byte-level tokenizer holds 256 bytes and 3 special tokens, got {vocab_size}")
     check_target(out, force, flag="OUT", kind="pair")
     preset = SizePreset(hidden_size, layers, heads, kv_heads or None, None, vocab_size, context)
     extra = tuple(kind for kind, wanted in (("diffv2", diffv2), ("gated", gated), ("sink", sink)) if wanted)
     models = build_pair(preset, seed=seed, kinds=KINDS + extra)
-    save_pair(models, out, force=force)
+    save_pair(models, out, force=force, tokenizer=bytes_tokenizer())
     console = line_console()
     standard = parameter_count(models["standard"])
     for kind, model in models.items():
         count = parameter_count(model)
         versus = "" if kind == "standard" else f"{count - standard:+,} vs standard, "
         console.print(f"{kind}: {count:,} parameters ({versus}{added_parameter_count(model):,} λ/gate/sink) -> {out / kind}")
-    console.print("[yellow]untrained: random weights, for trying the tools, not for conclusions[/yellow]")
+    console.print("[yellow]untrained: random weights and a byte-level tokenizer, for trying the tools, not for conclusions[/yellow]")

@@ -9,7 +9,7 @@ import typer
 
 
 def quantize(
-    model: Annotated[str, typer.Argument(help="Model directory, GGUF file (dequantized first), built-in name (tiny/diff, smollm2) or hub id (org/name).")],
+    model: Annotated[str, typer.Argument(help="Model directory, GGUF file (dequantized first), built-in name (tiny/diff, smollm2, gemma3) or hub id (org/name).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory, or FILE.gguf with --format gguf (written atomically).")],
     bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4; compressed-tensors: 4 (W4A16) or 8 (W8A8); gguf: 8 (Q8_0) or 4 (Q4_0).")] = "4",
     method: Annotated[Optional[str], typer.Option("--method", help="absmax (packed, ours; the default), llm-int8, nf4 or fp4 (bitsandbytes layouts): for --format quantdiff.")] = None,
@@ -109,10 +109,12 @@ def _evaluate(source: Path, out: Path, task, tokenizer, limit: int | None, trust
     from quantdiff.jobs.evaluate import report
     from quantdiff.eval.sweep import run_sweep
     from quantdiff.quant.checkpoint import load
+    from quantdiff.models.bos import decide_bos
 
+    bos = decide_bos(source, tokenizer)  # both as the source model was trained
     cells = []
     for name, load_model in (("source", lambda: load(source, trust_remote_code=trust_remote_code)), ("quantized", lambda: load_any(out))):
         model = load_model()
-        cells.extend(run_sweep({name: (model, tokenizer)}, task, [], limit))
+        cells.extend(run_sweep({name: (model, tokenizer)}, task, [], limit, bos_ids={name: bos.token_id}))
         del model
-    report(cells, task, None, quiet=True)
+    report(cells, task, None, quiet=True, bos={"source": bos, "quantized": bos})

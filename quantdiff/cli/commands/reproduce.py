@@ -16,7 +16,7 @@ def reproduce(
     items: Annotated[Optional[int], typer.Option("--items", help="Cap on items per task (quick runs); default: the recipe's sizes.")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, … (default: CUDA if available).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it holds an earlier report (never anything else).")] = False,
-    real_model: Annotated[str, typer.Option("--real-model", help="A real pretrained model measured too (built-in name or model directory): statistics, lm sweep at linear and qk, weight-only formats. 'none' skips it.")] = "smollm2",
+    real_model: Annotated[str, typer.Option("--real-model", help="Real pretrained models measured too, side by side, comma-separated (built-in names or model directories): statistics, lm sweep at linear and qk, weight-only formats. 'none' skips them.")] = "smollm2,gemma3",
 ) -> None:
     """Reproduce the paper's Table 5 and Figure 8 analyses on matched models (a standard/Diff pair or a recipe's arms; over several seeds, with 95% intervals), beside the paper's numbers."""
     from quantdiff.report.console import line_console
@@ -28,6 +28,8 @@ def reproduce(
     check_positive(stats_tokens=stats_tokens, items=items)
     if tasks is not None:
         check_list(tasks, "--tasks")
+    if real_model != "none":
+        check_list(real_model, "--real-model")
     if device is not None:
         resolve_device(device, "--device")
     console = line_console(stderr=True)

@@ -9,7 +9,7 @@ import typer
 
 
 def stats(
-    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files (statistics of the dequantized model), built-in names ('tiny' = its standard and diff models; 'smollm2', a real GGUF model) or hub ids (org/name, org/name@revision).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files (statistics of the dequantized model), built-in names ('tiny' = its standard and diff models; 'smollm2', 'gemma3': real GGUF models) or hub ids (org/name, org/name@revision).")],
     data: Annotated[str, typer.Option(help="UTF-8 text file, JSONL with 'text' or 'input_ids', builtin:corpus or builtin:retrieval.")] = "builtin:corpus",
     tokens: Annotated[int, typer.Option(help="Total tokens to observe per model.")] = 65536,
     seq_len: Annotated[Optional[int], typer.Option(help="Sequence length (default: min(1024, the model's positions)).")] = None,
@@ -25,6 +25,7 @@ def stats(
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept models where some attention module or decoder layer is never reached (recorded in the JSON's coverage).")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default; recorded in the JSON).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace existing output files that quantdiff did not write (it replaces its own without asking).")] = False,
+    bos: Annotated[str, typer.Option("--bos", help="BOS first in every sequence cut from text: auto (as each model was trained: its recipe, its GGUF file's add_bos_token, else its tokenizer), always, never. input_ids records stay as given. Recorded in the JSON.")] = "auto",
 ) -> None:
     """Largest |attention logits| and |hidden states| (Top-1 … Top-100, median) with where they occur.
 
@@ -33,7 +34,9 @@ def stats(
     from quantdiff.cli.validate import refuse_unused
     from quantdiff.core.device import resolve_device
     from quantdiff.jobs.stats import StatsOptions, run
+    from quantdiff.models.bos import check_mode
 
+    check_mode(bos)
     if device is not None:
         resolve_device(device, "--device")
     if quiet:
@@ -53,5 +56,6 @@ def stats(
         allow_partial=allow_partial,
         trust_remote_code=trust_remote_code,
         force=force,
+        bos=bos,
     )
     run(options, quiet=quiet, per_layer=per_layer)

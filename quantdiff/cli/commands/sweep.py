@@ -26,10 +26,11 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing output
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; print only the result.")]
 PartialOpt = Annotated[bool, typer.Option("--allow-partial", help="Accept models where some attention module or decoder layer is never reached.")]
 RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default).")]
+BosOpt = Annotated[str, typer.Option("--bos", help="BOS first in every sequence: auto (as each model was trained: its recipe, its GGUF file's add_bos_token, else its tokenizer), always, never. Recorded in the JSON.")]
 
 
 def sweep(
-    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files (dequantized), built-in names ('tiny' = the shipped standard and Diff pair; 'smollm2', a real GGUF model) or hub ids (org/name, org/name@revision).")],
+    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files (dequantized), built-in names ('tiny' = the shipped standard and Diff pair; 'smollm2', 'gemma3': real GGUF models) or hub ids (org/name, org/name@revision).")],
     task: TaskOpt = "choice",
     bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
     method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",
@@ -49,6 +50,7 @@ def sweep(
     allow_partial: PartialOpt = False,
     trust_remote_code: RemoteOpt = False,
     force: ForceOpt = False,
+    bos: BosOpt = "auto",
 ) -> None:
     """Accuracy under quantization: the unquantized reference plus every (method, bits, site) cell, per model."""
     from quantdiff.report.console import line_console
@@ -58,7 +60,8 @@ def sweep(
     from quantdiff.core.device import resolve_device
     from quantdiff.core.outputs import check_outputs
     from quantdiff.eval.sweep import plan_sweep
-    from quantdiff.jobs.evaluate import report, run_models
+    from quantdiff.jobs.evaluate import prepare_models, report, run_prepared
+    from quantdiff.models.bos import check_mode
     from quantdiff.models.inputs import model_inputs
     from quantdiff.models.names import resolve_models
     from quantdiff.models.source import model_sources
@@ -71,6 +74,7 @@ def sweep(
     plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size)
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
+    check_mode(bos)
     specs = resolve_models(models)
     check_outputs({"--json": json_path, "--plot": plot}, model_inputs(models, [path for _, path in specs]) + ([data] if data else []))
     check_output(json_path, None, force, "--json")
@@ -79,8 +83,9 @@ def sweep(
     for line in plan.skipped:
         notes.print(f"[yellow]skipped {line}[/yellow]")
     bars_quiet = quiet or str(json_path) == "-"  # the JSON is stdout's whole content
-    cells = run_models(specs, the_task, plan.configs, limit, target, bars_quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)
-    report(cells, the_task, json_path, quiet, model_sources(specs), force)
+    prepared = prepare_models(specs, the_task, limit, bos, target, trust_remote_code)
+    cells = run_prepared(prepared, the_task, plan.configs, target, bars_quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)
+    report(cells, the_task, json_path, quiet, model_sources(specs), {m.name: m.bos for m in prepared}, force)
     if plot is not None:
         from quantdiff.report.sweep_report import cell_points, plot_sweep
 
@@ -90,7 +95,7 @@ def sweep(
 
 
 def evaluate(
-    model: Annotated[str, typer.Argument(help="A model directory, GGUF file (dequantized), built-in name (tiny/diff, smollm2) or hub id (org/name).")],
+    model: Annotated[str, typer.Argument(help="A model directory, GGUF file (dequantized), built-in name (tiny/diff, smollm2, gemma3) or hub id (org/name).")],
     task: TaskOpt = "choice",
     bits: Annotated[Optional[int], typer.Option("--bits", help="Quantize to this many bits (2–16); omit for the unquantized model.")] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="absmax (default) or llm-int8; needs --bits.")] = None,
@@ -109,6 +114,7 @@ def evaluate(
     allow_partial: PartialOpt = False,
     trust_remote_code: RemoteOpt = False,
     force: ForceOpt = False,
+    bos: BosOpt = "auto",
 ) -> None:
     """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
@@ -116,7 +122,8 @@ def evaluate(
     from quantdiff.core.device import resolve_device
     from quantdiff.core.outputs import check_outputs
     from quantdiff.core.errors import ConfigError
-    from quantdiff.jobs.evaluate import report, run_models
+    from quantdiff.jobs.evaluate import prepare_models, report, run_prepared
+    from quantdiff.models.bos import check_mode
     from quantdiff.models.inputs import model_inputs
     from quantdiff.models.names import resolve_models
     from quantdiff.models.source import model_sources
@@ -129,11 +136,13 @@ def evaluate(
     configs = [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", group_size=group_size)]
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
+    check_mode(bos)
     specs = resolve_models([model])
     check_outputs({"--json": json_path}, model_inputs([model], [path for _, path in specs]) + ([data] if data else []))
     check_output(json_path, None, force, "--json")
-    cells = run_models(
-        specs, the_task, configs, limit, target, quiet or str(json_path) == "-", include_reference=bits is None,
+    prepared = prepare_models(specs, the_task, limit, bos, target, trust_remote_code)
+    cells = run_prepared(
+        prepared, the_task, configs, target, quiet or str(json_path) == "-", include_reference=bits is None,
         allow_partial=allow_partial, trust_remote_code=trust_remote_code,
     )
-    report(cells, the_task, json_path, quiet, model_sources(specs), force)
+    report(cells, the_task, json_path, quiet, model_sources(specs), {m.name: m.bos for m in prepared}, force)

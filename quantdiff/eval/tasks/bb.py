@@ -40,8 +40,9 @@ class BBTask:
     name: str = "bb"
     metrics: tuple[str, ...] = ("accuracy", "bigram_kl", "backcopy_loss", "bigram_loss")
     headline: ClassVar[str] = "accuracy"
+    bos_by_construction: ClassVar[bool] = True  # the generator's sequences: BOS first, whatever bos_id says
 
-    def prepare(self, tokenizer, limit: int | None = None) -> PreparedBB:
+    def prepare(self, tokenizer, limit: int | None = None, bos_id: int | None = None) -> PreparedBB:
         if self.context < 3 or self.sequences < 1:
             raise DataError(f"task bb needs a context of at least 3 tokens and at least 1 sequence, got {self.context} and {self.sequences}")
         generator = bigram_backcopy.load()

@@ -35,18 +35,19 @@ def prefix_token_id(tokenizer) -> int:
     return token
 
 
-def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+def encode_pair(tokenizer, context: str, continuation: str, bos_id: int | None = None) -> tuple[list[int], list[int]]:
     """(context ids, continuation ids) by the harness's rules: trailing spaces of the context move to the
     continuation; the whole string is encoded and cut at the context's length, so merges across the
-    boundary are tokenized as in running text."""
+    boundary are tokenized as in running text. `bos_id` (a model that expects BOS first) opens the context."""
+    prefix = [] if bos_id is None else [bos_id]
     if not context:
-        return [prefix_token_id(tokenizer)], encode(tokenizer, continuation)
+        return prefix or [prefix_token_id(tokenizer)], encode(tokenizer, continuation)
     n_spaces = len(context) - len(context.rstrip())
     if n_spaces:
         context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
     whole = encode(tokenizer, context + continuation)
     context_ids = encode(tokenizer, context)
-    return context_ids, whole[len(context_ids) :]
+    return prefix + context_ids, whole[len(context_ids) :]
 
 
 def choice_metrics(items: Sequence[ChoiceItem], logliks: Sequence[Sequence[float]]) -> dict[str, float]:
@@ -81,16 +82,17 @@ class ChoiceTask:
     name: str = "choice"
     metrics: tuple[str, ...] = ("acc", "acc_norm")
     headline: ClassVar[str] = "acc_norm"  # length-normalised, as HellaSwag is reported
+    bos_by_construction: ClassVar[bool] = False
 
     def load_items(self) -> list[ChoiceItem]:
         if self.path is not None:
             return read_jsonl(self.path)
         return cloze_set(self.cloze_items, self.seed)
 
-    def prepare(self, tokenizer, limit: int | None = None) -> PreparedChoice:
+    def prepare(self, tokenizer, limit: int | None = None, bos_id: int | None = None) -> PreparedChoice:
         items = self.load_items()[:limit]
         requests = [
-            encode_pair(tokenizer, item.ctx, TARGET_DELIMITER + ending) for item in items for ending in item.endings
+            encode_pair(tokenizer, item.ctx, TARGET_DELIMITER + ending, bos_id) for item in items for ending in item.endings
         ]
         return PreparedChoice(items, requests)
 

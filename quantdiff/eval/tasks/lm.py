@@ -1,7 +1,8 @@
 """Language modelling on held-out text: loss, perplexity and next-token accuracy, weighted by token.
 
 The text is tokenized once and cut into consecutive, non-overlapping windows of `context` tokens; in each
-window every token after the first is predicted from the ones before it. Token-weighted means a short
+window every token after the first is predicted from the ones before it. For a model that expects BOS first
+(`models.bos`) each window is BOS + `context` − 1 text tokens, every text token scored. Token-weighted means a short
 final window counts for its tokens only, so the result does not depend on how windows are batched.
 """
 
@@ -45,13 +46,16 @@ class LMTask:
     name: str = "lm"
     metrics: tuple[str, ...] = ("accuracy", "loss", "perplexity")
     headline: ClassVar[str] = "accuracy"
+    bos_by_construction: ClassVar[bool] = False
 
-    def prepare(self, tokenizer, limit: int | None = None) -> PreparedLM:
-        """Windows of the first `tokens` tokens; `limit` caps the number of windows."""
+    def prepare(self, tokenizer, limit: int | None = None, bos_id: int | None = None) -> PreparedLM:
+        """Windows of the first `tokens` tokens (after `bos_id` when given); `limit` caps the number of windows."""
         if self.context < 2:
             raise DataError(f"an lm window needs at least 2 tokens, got context={self.context}")
+        prefix = [] if bos_id is None else [bos_id]
+        width = self.context - len(prefix)
         ids = list(tokenizer.encode(text_or_held_out(self.path), add_special_tokens=False))[: self.tokens]
-        windows = [ids[i : i + self.context] for i in range(0, len(ids), self.context)]
+        windows = [prefix + ids[i : i + width] for i in range(0, len(ids), width)]
         windows = [w for w in windows if len(w) >= 2][:limit]
         if not windows:
             raise DataError("the lm text is shorter than two tokens")

@@ -23,9 +23,11 @@ class Task(Protocol):
     name: str
     metrics: tuple[str, ...]  # what the task reports
     headline: str  # the one metric plots, Δ columns and report tables show (a class constant of each task)
+    bos_by_construction: bool  # its sequences start with BOS whatever `prepare` is told (bb's generator)
 
-    def prepare(self, tokenizer: Any, limit: int | None = None) -> Sized:
-        """Data for one tokenizer; `len()` is the number of progress units `evaluate` reports."""
+    def prepare(self, tokenizer: Any, limit: int | None = None, bos_id: int | None = None) -> Sized:
+        """Data for one tokenizer, every sequence opened by `bos_id` when given (a model that expects BOS first);
+        `len()` is the number of progress units `evaluate` reports."""
 
     def evaluate(self, model: nn.Module, prepared: Any, progress: Progress | None = None) -> dict[str, float]:
         """Metrics by name; calls `progress(n)` as units finish."""

@@ -30,7 +30,7 @@ from quantdiff.models import structure
 from quantdiff.eval.tasks.choice import encode_pair
 from quantdiff.data.needles import Filler, NeedleExample, make_needle_example
 from quantdiff.eval.bounds import check_sequence_fits
-from quantdiff.eval.scoring import Progress, left_pad, model_device, next_token_logits, note_scored
+from quantdiff.eval.scoring import Progress, batches_within_budget, left_pad, model_device, next_token_logits, note_scored
 
 
 @dataclass(frozen=True)
@@ -48,17 +48,19 @@ class PreparedRetrieval:
         return len(self.items)
 
 
-def encode_example(tokenizer, example: NeedleExample) -> NeedleItem:
-    """Token ids of prompt and answer, and which prompt tokens overlap the answer span (by char offsets)."""
-    prompt_ids, answer_ids = encode_pair(tokenizer, example.prompt, example.answer)
+def encode_example(tokenizer, example: NeedleExample, bos_id: int | None = None) -> NeedleItem:
+    """Token ids of prompt (after `bos_id` when given) and answer, and which prompt tokens overlap the answer span
+    (by char offsets)."""
+    prompt_ids, answer_ids = encode_pair(tokenizer, example.prompt, example.answer, bos_id)
+    first = int(bos_id is not None)  # where the prompt's text starts
     try:
         offsets = tokenizer(example.prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     except NotImplementedError:  # slow (Python) tokenizers have no offsets
         raise DataError("the retrieval task needs a fast tokenizer (character offsets locate the answer span)") from None
-    if len(offsets) != len(prompt_ids):
+    if len(offsets) != len(prompt_ids) - first:
         raise DataError("the tokenizer splits the prompt differently on its own: cannot locate the answer span")
     start, end = example.answer_span
-    positions = [i for i, (a, b) in enumerate(offsets) if a < end and b > start]
+    positions = [first + i for i, (a, b) in enumerate(offsets) if a < end and b > start]
     return NeedleItem(prompt_ids, answer_ids, positions)
 
 
@@ -76,8 +78,8 @@ def greedy_generate(model: nn.Module, prompts: list[list[int]], n_tokens: int) -
 
 def exact_matches(model: nn.Module, items: list[NeedleItem], batch_size: int = 8, progress: Progress | None = None) -> list[bool]:
     out = []
-    for start in range(0, len(items), batch_size):
-        batch = items[start : start + batch_size]
+    for part in batches_within_budget(model, [len(it.prompt_ids) + len(it.answer_ids) for it in items], batch_size):
+        batch = items[part]
         generated = greedy_generate(model, [it.prompt_ids for it in batch], max(len(it.answer_ids) for it in batch))
         out.extend(gen[: len(it.answer_ids)] == it.answer_ids for gen, it in zip(generated, batch))
         if progress is not None:
@@ -135,8 +137,8 @@ def last_rows_attention(model: nn.Module, seqs: list[list[int]], rows: int) -> l
 def answer_attention(model: nn.Module, items: list[NeedleItem], batch_size: int = 8, progress: Progress | None = None) -> tuple[float, float]:
     """(mean attention to answer, mean attention noise) over documents; see the module docstring."""
     answer_scores, noise_scores = [], []
-    for start in range(0, len(items), batch_size):
-        batch = items[start : start + batch_size]
+    for part in batches_within_budget(model, [len(it.prompt_ids) + len(it.answer_ids) for it in items], batch_size):
+        batch = items[part]
         inputs = [it.prompt_ids + it.answer_ids[:-1] for it in batch]
         rows = max(len(it.answer_ids) for it in batch)
         maps = last_rows_attention(model, inputs, rows)
@@ -172,15 +174,17 @@ class RetrievalTask:
     name: str = "retrieval"
     metrics: tuple[str, ...] = ("accuracy", "attention_to_answer", "attention_noise")
     headline: ClassVar[str] = "accuracy"
+    bos_by_construction: ClassVar[bool] = False
 
-    def make_examples(self, tokenizer, limit: int | None = None) -> list[NeedleExample]:
+    def make_examples(self, tokenizer, limit: int | None = None, context_tokens: int | None = None) -> list[NeedleExample]:
+        """Needle documents of `context_tokens` tokens (default the task's)."""
         if self.depth is not None and not 0.0 <= self.depth <= 1.0:
             raise DataError(f"needle depth must be in [0, 1], got {self.depth}")
         filler = Filler.from_tokenizer(text_or_held_out(self.filler_path), tokenizer)
         rng = random.Random(self.seed)
         n = self.examples if limit is None else min(limit, self.examples)
         return [
-            make_needle_example(rng, filler, self.context_tokens, self.n_needles, self._depths(rng)) for _ in range(n)
+            make_needle_example(rng, filler, context_tokens or self.context_tokens, self.n_needles, self._depths(rng)) for _ in range(n)
         ]
 
     def _depths(self, rng: random.Random) -> list[float]:
@@ -188,8 +192,10 @@ class RetrievalTask:
             return [rng.random() for _ in range(self.n_needles)]
         return [self.depth] * self.n_needles
 
-    def prepare(self, tokenizer, limit: int | None = None) -> PreparedRetrieval:
-        return PreparedRetrieval([encode_example(tokenizer, ex) for ex in self.make_examples(tokenizer, limit)])
+    def prepare(self, tokenizer, limit: int | None = None, bos_id: int | None = None) -> PreparedRetrieval:
+        """Documents of `context_tokens` tokens, BOS (`bos_id`) included when given."""
+        examples = self.make_examples(tokenizer, limit, self.context_tokens - (bos_id is not None))
+        return PreparedRetrieval([encode_example(tokenizer, ex, bos_id) for ex in examples])
 
     def evaluate(self, model: nn.Module, prepared: PreparedRetrieval, progress: Progress | None = None) -> dict[str, float]:
         longest = max((len(it.prompt_ids) + len(it.answer_ids) for it in prepared.items), default=0)

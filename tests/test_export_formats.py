@@ -346,7 +346,7 @@ def test_cli_eval_of_the_written_file_gives_the_in_memory_figures(tmp_path, monk
     text = "It is a truth universally acknowledged, that a single man in possession of a good fortune must be in want of a wife. " * 30
     (tmp_path / "text.txt").write_text(text)
     seen = []
-    monkeypatch.setattr(evaluate, "report", lambda cells, task, json_path, quiet: seen.append(cells))
+    monkeypatch.setattr(evaluate, "report", lambda cells, task, json_path, quiet, **_: seen.append(cells))
     out = tmp_path / ("q.gguf" if isinstance(fmt, GGUFExport) else "q")
     main(["quantize", "tiny/standard", "--out", str(out), *args, "--eval", "lm", "--data", str(tmp_path / "text.txt"), "--context", "32", "--limit", "2"])
     source_cell, reloaded = seen.pop()

@@ -202,7 +202,7 @@ def _main(argv: list[str], capsys) -> str:
 
 
 def test_pair_writes_both_kinds_with_their_counts_and_info_names_them(tmp_path, capsys):
-    sizes = ["--hidden-size", "32", "--layers", "2", "--heads", "2", "--vocab-size", "40", "--context", "16"]
+    sizes = ["--hidden-size", "32", "--layers", "2", "--heads", "2", "--vocab-size", "259", "--context", "16"]
     out = _main(["pair", str(tmp_path / "p"), "--gated", "--sink", *sizes], capsys)
     # 2 layers: D·h = 64 gate weights each, h = 2 sink logits each
     assert "gated: " in out and "(+128 vs standard, 128 λ/gate/sink)" in out and "(+4 vs standard, 4 λ/gate/sink)" in out

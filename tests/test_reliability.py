@@ -408,7 +408,7 @@ def test_a_failing_training_run_prints_only_its_error_line(tmp_path, capsys, set
 
 def test_train_force_into_a_pair_directory_is_refused(tmp_path, capsys):
     """A pair holds standard, diff and diffv2: retraining two of them would leave a mixed directory."""
-    _runs(["pair", tmp_path / "P", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "83", "--diffv2"])
+    _runs(["pair", tmp_path / "P", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "259", "--diffv2"])
     capsys.readouterr()
     (tmp_path / "r.toml").write_text(MICRO)
     before = tree_hashes(tmp_path)
@@ -425,6 +425,6 @@ def test_the_real_model_section_fits_a_small_model(tmp_path):
 
     plan = RealModelPlan(stats_tokens=64, seq_len=300, windows=1, context=300, methods=("absmax",), bits=(8,), sites=("linear",))
     section = run_real_model("tiny/diff", tmp_path, "cpu", Console(file=io.StringIO()), plan)
-    doc = json.loads((tmp_path / "real_model.json").read_text())
+    doc = json.loads((tmp_path / "real_model.json").read_text())["models"][0]
     assert "not measured" not in section and doc["plan"]["seq_len"] == doc["plan"]["context"] == 256
     assert [row["granularity"] for row in doc["weight_only"]] == ["per-output-channel", "group-128", "blockwise-64"]

@@ -96,7 +96,8 @@ def join(parts: list[Path], out: Path, sha256: str) -> None:
     from quantdiff.core.atomic import atomic_file
 
     digest = hashlib.sha256()
-    with atomic_file(out) as tmp:
+    # `out` lives in quantdiff's own cache, under a name only `joined_path` gives: a copy there is ours to replace.
+    with atomic_file(out, force=True) as tmp:
         with tmp.open("wb") as sink:
             for part in parts:
                 with part.open("rb") as source:

@@ -26,13 +26,16 @@ def run_models(
     include_reference: bool = True,
     allow_partial: bool = False,
     trust_remote_code: bool = False,
+    blocks: int | None = None,
 ) -> list[Cell]:
     """Load each model in turn (only one in memory) and run its cells; every model's task data is prepared
-    (and so checked) before any weights are loaded."""
+    (and so checked) before any weights are loaded. Smoothing configurations are calibrated on each model first.
+    blocks: also evaluate each cell in that many blocks of items (`eval.sweep.split_blocks`)."""
     from transformers.utils import logging as transformers_logging
 
     from quantdiff.models.loading import load_tokenizer
     from quantdiff.quant.checkpoint import load
+    from quantdiff.quant.transforms import calibrated_configs
 
     if limit is not None and limit < 1:
         raise ConfigError(f"limit must be positive, got {limit}")
@@ -47,7 +50,8 @@ def run_models(
             model = load(path, device=target, trust_remote_code=trust_remote_code)
             if len(tokenizer) > model.config.vocab_size:
                 raise LoadError(f"{path}: the tokenizer has {len(tokenizer)} tokens, the model only {model.config.vocab_size}")
-            cells.extend(run_model_cells(name, model, task, data, configs, progress, include_reference, allow_partial))
+            model_configs = calibrated_configs(configs, model, tokenizer)
+            cells.extend(run_model_cells(name, model, task, data, model_configs, progress, include_reference, allow_partial, blocks))
             del model
     return cells
 

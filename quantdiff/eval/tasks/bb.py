@@ -74,3 +74,11 @@ class BBTask:
             raise DataError("task bb: the sequences hold no backcopy or no bigram position (context too short)")
         return {"accuracy": correct / n_copy, "bigram_kl": kl / n_bigram, "backcopy_loss": copy_nll / n_copy,
                 "bigram_loss": bigram_nll / n_bigram, "backcopy_positions": int(n_copy), "bigram_positions": int(n_bigram)}
+
+    def pool(self, blocks: list[dict[str, float]]) -> dict[str, float]:
+        """The metrics of the union of disjoint blocks of sequences, from each block's metrics (position-weighted)."""
+        weight = {"accuracy": "backcopy_positions", "backcopy_loss": "backcopy_positions", "bigram_kl": "bigram_positions", "bigram_loss": "bigram_positions"}
+        totals = {count: sum(b[count] for b in blocks) for count in ("backcopy_positions", "bigram_positions")}
+        pooled = {m: sum(b[m] * b[count] for b in blocks) / totals[count] for m, count in weight.items()}
+        pooled["accuracy"] = round(pooled["accuracy"] * totals["backcopy_positions"]) / totals["backcopy_positions"]  # a count ratio, as unpooled
+        return {**pooled, **totals}

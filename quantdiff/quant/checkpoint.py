@@ -15,7 +15,8 @@ from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
 from quantdiff.models import loading
 from quantdiff.quant.formats import WEIGHTS_NAME, LLMInt8Export, Tensors, format_from_section
-from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, apply_quantization
+from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, QuantizationHandle, apply_quantization
+from quantdiff.quant.transforms import rotate_inputs
 
 
 
@@ -54,7 +55,8 @@ def load_quantized(
     dtype: cast the decoded model (default: the dtype it was exported from, which keeps weights bit-exact).
 
     An llm-int8 export also quantizes linear inputs at run time (LLM.int8 with the stored threshold); a
-    recorded attention quantization is re-applied. Their handles are in `model.quantdiff_handles`.
+    recorded attention quantization is re-applied, and a recorded Hadamard rotation rotates the inputs of the
+    modules whose weights it stores rotated. Their handles are in `model.quantdiff_handles`.
     Only model.safetensors is read: pickled files beside it are never opened.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -100,6 +102,8 @@ def load_quantized(
     loading.prepare(model, tile_size)
 
     handles = []
+    if (section.get("transform") or {}).get("name") == "hadamard":  # before any input quantizer: it sees xH
+        handles.append(QuantizationHandle(rotate_inputs(model, section["transform"]["modules"])))
     if isinstance(fmt, LLMInt8Export):
         chosen = set(section["modules"])
         inputs = LinearSite(filter=lambda m, fqn: fqn in chosen, weights=False)

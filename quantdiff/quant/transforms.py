@@ -15,7 +15,7 @@ from typing import Callable, ClassVar, Sequence
 
 from torch import nn
 
-from quantdiff.core.errors import ConfigError
+from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.quant.hadamard import hadamard_block, rotate
 from quantdiff.quant.smoothing import DEFAULT_ALPHA, Calibrated, Calibration, apply_smoothing, calibrate, check_alpha, divide_inputs
 
@@ -80,6 +80,11 @@ def parse_rotation(name: str | None) -> HadamardRotation | None:
     return HadamardRotation()
 
 
+def _rotate_input(module: nn.Module, block: int) -> Undo:
+    """A forward pre-hook rotating the module's input; returns its removal."""
+    return module.register_forward_pre_hook(lambda _m, args, block=block: (rotate(args[0], block), *args[1:])).remove
+
+
 def apply_transform(model: nn.Module, transform: Transform, targets: Sequence[nn.Linear], undo: list[Undo]) -> None:
     """Install `transform` (undo steps appended). Rotation: each target's weight becomes WH and a forward pre-hook
     rotates its input; smoothing: every calibrated group's weights become W·s, 1/s folded into the norms or, when
@@ -91,8 +96,7 @@ def apply_transform(model: nn.Module, transform: Transform, targets: Sequence[nn
             original = module.weight
             module.weight = nn.Parameter(rotate(original.detach(), block), requires_grad=False)
             undo.append(lambda module=module, original=original: setattr(module, "weight", original))
-            hook = module.register_forward_pre_hook(lambda _m, args, block=block: (rotate(args[0], block), *args[1:]))
-            undo.append(hook.remove)
+            undo.append(_rotate_input(module, block))
         return
     if transform.calibrated is None:
         raise ConfigError("smoothing needs its calibration pass first (quant.transforms.calibrated_configs)")
@@ -125,3 +129,44 @@ def calibrated_configs(configs: Sequence, model: nn.Module, tokenizer) -> list:
             config = dataclasses.replace(config, site=dataclasses.replace(config.site, transform=smoothing))
         out.append(config)
     return out
+
+
+# ---- exports: a transform written into the weights ------------------------------------------------------------
+
+
+def check_exportable(transform: Transform | None, own_format: bool) -> None:
+    """A rotation is stored as rotated weights WH that the loader must complement by rotating the inputs: only
+    quantdiff's own format (`own_format`) is read by that loader; other formats load elsewhere and refuse it."""
+    if isinstance(transform, HadamardRotation) and not own_format:
+        raise ConfigError("--rotate needs --method absmax: other formats load in transformers/bitsandbytes, which would not rotate the inputs")
+
+
+def export_transform(model: nn.Module, source, transform: Transform, targets: Sequence[tuple[str, nn.Linear]], own_format: bool) -> dict:
+    """Apply `transform` to `model` for good, before an export encodes its weights, and return what the export's
+    quantization_config records: for a rotation the Hadamard block of each module (the loader rotates their
+    inputs again: `rotate_inputs`), for smoothing its settings and calibration. Smoothing must fold into the
+    norms; then the weights alone hold it, in any format."""
+    check_exportable(transform, own_format)
+    if isinstance(transform, HadamardRotation):
+        apply_transform(model, transform, [module for _, module in targets], undo=[])
+        return {"name": transform.name, "modules": {fqn: hadamard_block(module.in_features) for fqn, module in targets}}
+    from quantdiff.models.loading import load_tokenizer
+
+    calibrated = calibrate(model, load_tokenizer(source), transform.calibration)
+    if not calibrated.folded:
+        raise ConfigError("--smooth: the scales do not fold exactly into this model's norms, and an export holds no unfolded smoothing")
+    apply_smoothing(model, calibrated, transform.alpha, undo=[], fold=True)
+    return dataclasses.replace(transform, calibrated=calibrated).to_dict()
+
+
+def rotate_inputs(model: nn.Module, blocks: dict[str, int]) -> list[Undo]:
+    """A rotated export as loaded: forward pre-hooks rotating the inputs of the modules `blocks` names (fqn →
+    Hadamard block); returns their removal steps."""
+    modules = dict(model.named_modules())
+    undo: list[Undo] = []
+    for fqn, block in blocks.items():
+        module = modules.get(fqn)
+        if not isinstance(module, nn.Linear) or not isinstance(block, int) or block != hadamard_block(module.in_features):
+            raise LoadError(f"the recorded rotation of {fqn} (block {block!r}) does not fit this model")
+        undo.append(_rotate_input(module, block))
+    return undo

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,7 +142,7 @@ def fmt(estimate: Estimate | None, decimals: int = 3) -> str:
     """"0.123 [0.100, 0.146]"; "invalid" for a missing value, no interval from one unit."""
     if estimate is None:
         return "invalid"
-    value = f"{estimate.value:+.{decimals}f}" if estimate.value < 0 else f"{estimate.value:.{decimals}f}"
+    value = f"{estimate.value:.{decimals}f}"
     if estimate.half_width is None:
         return value
     return f"{value} [{estimate.low:.{decimals}f}, {estimate.high:.{decimals}f}]"
@@ -223,3 +222,114 @@ def summary(groups: list[Group]) -> dict:
 
 def _as_dict(estimate: Estimate | None) -> dict | None:
     return None if estimate is None else estimate.to_dict()
+
+
+def _setup_lines(manifest: dict, groups: list[Group]) -> list[str]:
+    """What was run: models, data sizes, blocks, the remedies' settings as the cells record them."""
+    lines = []
+    for spec, group in zip(manifest["groups"], groups):
+        arms = ", ".join(f"`{arm.name}` ({arm.kind}, {_seeds(arm)})" for arm in group.arms.values())
+        lines.append(f"- group `{group.name}`: task `{group.task}` ({' '.join(spec['options']) or 'defaults'}), arms {arms}")
+    lines.append(f"- every cell also evaluated in {manifest['blocks']} contiguous blocks of its items (`--blocks`)")
+    records: dict[str, dict] = {}
+    for group in groups:
+        for arm in group.arms.values():
+            for cells in arm.seeds.values():
+                for cell, _ in cells.values():
+                    if cell.transform is not None:
+                        records.setdefault(f"{group.name}/{cell.transform['name']}", cell.transform)
+    for name, record in sorted(records.items()):
+        if record["name"] == "hadamard":
+            blocks = ", ".join(f"width {w} → block {b}" for w, b in record.get("blocks", {}).items())
+            lines.append(f"- `{name}`: block-diagonal Walsh–Hadamard, the largest power of two dividing each input width ({blocks})")
+        else:
+            done = record.get("calibrated") or {}
+            lines.append(f"- `{name}`: α = {record['alpha']}, calibrated on {done.get('tokens')} tokens of `{done.get('source')}` "
+                         f"({done.get('sequences')} sequences of ≤ {done.get('seq_len')}), {'folded into the norms' if done.get('folded') else 'unfolded'}")
+    return lines
+
+
+def _seeds(arm: Arm) -> str:
+    seeds = sorted(arm.seeds)
+    return "one model" if seeds == ["None"] else f"seeds {', '.join(seeds)}"
+
+
+def _commands_table(manifest: dict) -> str:
+    rows = [[f"`{run['command']}`", f"{run['wall_s']:.0f}"] for run in manifest["runs"]]
+    return md_table(["command", "wall s"], rows) + f"\n\nTotal wall time {manifest['wall_s']:.0f} s ({manifest.get('machine', 'this machine')})."
+
+
+def plot_group(group: Group, variants: tuple[str, ...], path: Path) -> None:
+    """Loss vs bits (widest first), one panel per arm, one line per variant, 95% intervals as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bits = _bits_of(group, variants)
+    arms = list(group.arms.values())
+    fig, axes = plt.subplots(1, len(arms), figsize=(3.2 * len(arms), 3.2), sharey=True, squeeze=False)
+    for ax, arm in zip(axes[0], arms):
+        for n, name in enumerate(variants):
+            points = [(i, loss_estimate(arm, group.metric, (name, b))) for i, b in enumerate(bits)]
+            points = [(i, e) for i, e in points if e is not None]
+            if points:
+                xs = [i + (n - len(variants) / 2) * 0.05 for i, _ in points]  # a small offset keeps bars apart
+                errors = [e.half_width or 0.0 for _, e in points]
+                ax.errorbar(xs, [e.value for _, e in points], yerr=errors, marker="osD^v"[n % 5], capsize=2, label=name)
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        ax.set_xticks(range(len(bits)), [str(b) for b in bits])
+        ax.set_title(f"{arm.name} ({arm.kind})", fontsize=9)
+        ax.set_xlabel("bits")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"{group.metric} loss (unquantized − quantized)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=130)
+    plt.close(fig)
+
+
+def render(manifest: dict, groups: list[Group], plots: list[str]) -> str:
+    parts = [
+        "# Post-hoc remedies beside the architectural one",
+        "After a Hadamard rotation (QuaRot) or SmoothQuant, does the standard model still lose more at 4 bits than the "
+        "Diff model? Losses are in the task's headline metric (unquantized − quantized; positive = worse), with "
+        "Student-t 95% intervals over seeds, or over blocks of the evaluation items when an arm has one seed.",
+        "## The answer",
+        "\n".join(line for group in groups for line in answer_lines(group)),
+        "## Setup",
+        "\n".join(_setup_lines(manifest, groups)) + "\n- `linear`: nn.Linear weights per output channel, inputs per tensor per "
+        "sequence (absmax), or LLM.int8 (vector-wise, |x| ≥ 6 columns exact); `logits`: pre-softmax scores per sequence; "
+        "`qk`: Q and K operands; `kv`: keys per channel, values per token (KIVI) after RoPE",
+    ]
+    for group in groups:
+        parts += [f"## `{group.name}`: the linear site", sweep_table(group, LINEAR_VARIANTS),
+                  f"## `{group.name}`: attention sites", sweep_table(group, ATTENTION_VARIANTS)]
+    parts += ["## Plots", *[f"![{p}]({p})" for p in plots], "## Commands and wall time", _commands_table(manifest)]
+    return "\n\n".join(parts) + "\n"
+
+
+def write_report(out: Path) -> None:
+    """report.md, summary.json and plots into `out` (which holds manifest.json and runs/)."""
+    manifest, groups = load_groups(out)
+    plots = []
+    for group in groups:
+        for part, variants in (("linear", LINEAR_VARIANTS), ("attention", ATTENTION_VARIANTS)):
+            name = f"{group.name}_{part}.png"
+            plot_group(group, variants, out / name)
+            plots.append(name)
+    write_json(out / "summary.json", summary(groups), indent=2)
+    with atomic_file(out / "report.md") as tmp:
+        Path(tmp).write_text(render(manifest, groups, plots))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Regenerate report.md, summary.json and plots of a remedies run (scripts/remedies.py).")
+    parser.add_argument("out", type=Path, help="the run's output directory (holds manifest.json and runs/)")
+    write_report(parser.parse_args(argv).out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -32,7 +32,8 @@ class PreparedBB:
 
 @dataclass
 class BBTask:
-    """`sequences` held-out sequences of `context` tokens (BOS first); `limit` caps the number."""
+    """`sequences` held-out sequences of `context` tokens (BOS first); `limit` sets the number instead: the first
+    `limit` sequences of the held-out stream (each sequence is the same whatever the count)."""
 
     sequences: int = 64
     context: int = 64  # the shipped bb models' length (recipes/bb.toml); the authors train on 256
@@ -46,7 +47,7 @@ class BBTask:
             raise DataError(f"task bb needs a context of at least 3 tokens and at least 1 sequence, got {self.context} and {self.sequences}")
         generator = bigram_backcopy.load()
         generator.check_tokenizer(tokenizer)
-        count = min(self.sequences, limit or self.sequences)
+        count = self.sequences if limit is None else limit
         return PreparedBB(generator.held_out_rows(count, self.context + 1).tolist())
 
     def evaluate(self, model: nn.Module, prepared: PreparedBB, progress: Progress | None = None) -> dict[str, float]:

@@ -42,11 +42,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("results/remedies"))
     parser.add_argument("--force", action="store_true", help="replace an existing report directory")
     parser.add_argument("--lm", nargs="+", default=["smollm2"], help="models for task lm ('none': no lm group)")
-    parser.add_argument("--lm-limit", type=int, default=64, help="lm windows of 256 tokens per cell")
+    parser.add_argument("--lm-limit", type=int, default=32, help="lm windows of 256 tokens per cell")
     parser.add_argument("--bb", nargs="+", default=["bb"], help="bb models: built-in names or directories ('none': no bb group)")
     parser.add_argument("--bb-limit", type=int, default=256, help="held-out bb sequences per cell")
     parser.add_argument("--blocks", type=int, default=8, help="blocks of items per cell, for intervals")
-    parser.add_argument("--calibration-tokens", type=int, default=16384, help="tokens of SmoothQuant's calibration pass")
+    parser.add_argument("--calibration-tokens", type=int, default=8192, help="tokens of SmoothQuant's calibration pass")
     parser.add_argument("--device", default=None)
     return parser.parse_args(argv)
 

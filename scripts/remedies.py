@@ -54,15 +54,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def describe_models(specs: list[str]) -> list[dict]:
     """Each model as `quantdiff sweep` names it, with its arm (the directory name of a directory or built-in model,
     else the name), seed (N of a seed-N parent directory) and attention kind."""
+    from quantdiff.models.loading import load_config
     from quantdiff.models.names import resolve_models
     from quantdiff.models.structure import attention_kind
 
     out = []
     for name, path in resolve_models(specs):
-        config = argparse.Namespace(model_type=json.loads((path / "config.json").read_text()).get("model_type"))
         seed = SEED_DIR.match(path.parent.name)
         arm = path.name if "/" in name or seed else name
-        out.append({"name": name, "path": str(path), "arm": arm, "seed": None if seed is None else int(seed.group(1)), "kind": attention_kind(config)})
+        out.append({"name": name, "path": str(path), "arm": arm, "seed": None if seed is None else int(seed.group(1)), "kind": attention_kind(load_config(path))})
     return out
 
 

@@ -11,7 +11,7 @@ from quantdiff.core.atomic import write_json
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import task_bars
-from quantdiff.eval.sweep import Cell, cell_label, cells_to_json, run_model_cells
+from quantdiff.eval.sweep import Cell, cell_label, cells_to_json, run_model_cells, split_blocks
 from quantdiff.eval.tasks.registry import Task
 from quantdiff.quant.sites import QuantConfig
 
@@ -42,6 +42,8 @@ def run_models(
     target = resolve_device(device)
     tokenizers = [load_tokenizer(path) for _, path in specs]
     prepared = [task.prepare(tokenizer, limit) for tokenizer in tokenizers]
+    for data in prepared if blocks is not None else []:
+        split_blocks(data, blocks)  # too few items for the blocks: refused before any weights load
     if quiet:
         transformers_logging.disable_progress_bar()  # its "Loading weights" bar
     cells: list[Cell] = []

@@ -6,7 +6,7 @@ the norms (no run-time work: the ratio should be 1), and with SmoothQuant unfold
 — as ratios to the plain fake-quantized forward; plus the one-off calibration pass of SmoothQuant as a ratio to an
 unquantized forward over the same tokens.
 
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/remedies_bench.py [--model smollm2] [--device cuda]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/remedies_bench.py [--model smollm2] [--batch 1] [--device cuda]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="alternations of the contenders (machine noise hits all alike)")
     args = parser.parse_args()
 
     import quantdiff
@@ -60,13 +61,13 @@ def main() -> None:
         return run
 
     print(f"{args.model}: batch {args.batch} × seq {args.seq}, {device}, absmax 4-bit at site linear (weights + inputs)")
-    times = interleaved({name: forward(config) for name, config in configs.items()}, device, args.repeats)
+    times = interleaved({name: forward(config) for name, config in configs.items()}, device, args.repeats, args.rounds)
     for name, seconds in times.items():
         print(f"  {name:18s} {seconds * 1e3:9.1f} ms   ratio to plain {seconds / times['plain']:.2f}×")
     start = time.perf_counter()
     calibrate(model, tokenizer, calibration, batch_size=args.batch)
     calibration_s = time.perf_counter() - start
-    plain = interleaved({"unquantized": forward(None)}, device, args.repeats)["unquantized"]
+    plain = interleaved({"unquantized": forward(None)}, device, args.repeats, args.rounds)["unquantized"]
     print(f"  calibration pass over {tokens} tokens {calibration_s * 1e3:.1f} ms = {calibration_s / plain:.2f}× an unquantized forward "
           f"({plain * 1e3:.1f} ms; includes reading the data and the folding check)")
 

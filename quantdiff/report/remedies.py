@@ -174,10 +174,12 @@ def answer_lines(group: Group) -> list[str]:
                          f"{arm.name} {fmt(loss_estimate(arm, metric, key))} {metric}: {verdict(gap, base.name, arm.name)}.")
     if not diffs:
         for arm in group.arms.values():
+            unquantized = fmt(metric_estimate(arm, metric, None))
             for name in LINEAR_VARIANTS:
                 key = (name, QUESTION_BITS)
-                lines.append(f"- `{group.name}` {arm.name}, {name} {QUESTION_BITS}-bit at `linear`: loses {fmt(loss_estimate(arm, metric, key))} {metric} "
-                             "(no Diff model of this kind to compare: the loss left after a remedy bounds what an architecture could still save).")
+                lines.append(f"- `{group.name}` {arm.name}, {name} {QUESTION_BITS}-bit at `linear`: loses {fmt(loss_estimate(arm, metric, key))} "
+                             f"of its {unquantized} {metric}.")
+        lines.append(f"- (`{group.name}` has no Diff model to compare with: the loss left after a remedy bounds what an architecture could still save there.)")
     return lines
 
 
@@ -245,7 +247,9 @@ def _setup_lines(manifest: dict, groups: list[Group]) -> list[str]:
         else:
             done = record.get("calibrated") or {}
             lines.append(f"- `{name}`: α = {record['alpha']}, calibrated on {done.get('tokens')} tokens of `{done.get('source')}` "
-                         f"({done.get('sequences')} sequences of ≤ {done.get('seq_len')}), {'folded into the norms' if done.get('folded') else 'unfolded'}")
+                         f"({done.get('sequences')} sequences of ≤ {done.get('seq_len')}), {'folded into the norms' if done.get('folded') else 'unfolded'}; "
+                         "as in the paper only the inputs behind a norm are smoothed (q/k/v and DIFF V2's λ projection, gate/up), "
+                         "the attention output and FFN down projections' inputs are not")
     return lines
 
 

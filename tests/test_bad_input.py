@@ -318,6 +318,27 @@ CASES += [
     ("train-recipe-without-width", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None,
      lambda t: (t / "r.toml").write_text(_RECIPE_BASE.replace("hidden_size = 64\n", "")), "[model] must set hidden_size"),
 ]
+# The remedies (--rotate, --smooth, --blocks) and site kv.
+CASES += [
+    ("sweep-rotate-at-qk", ["sweep", "{src}", "--site", "qk", "--rotate", "hadamard"], None, None, "use it with --site linear only"),
+    ("sweep-rotate-unknown", ["sweep", "{src}", "--site", "linear", "--rotate", "givens"], None, None, "unknown rotation 'givens'"),
+    ("sweep-rotate-and-smooth", ["sweep", "{src}", "--site", "linear", "--rotate", "hadamard", "--smooth", "0.5"], None, None, "choose one"),
+    ("sweep-smooth-alpha-above-1", ["sweep", "{src}", "--site", "linear", "--smooth", "1.5"], None, None, "from 0 to 1, got 1.5"),
+    ("sweep-calibration-without-smooth", ["sweep", "{src}", "--site", "linear", "--calibration", "builtin:corpus-train"], None, None,
+     "--calibration does nothing without --smooth"),
+    ("sweep-calibration-file-missing", ["sweep", "{src}", "--site", "linear", "--smooth", "0.5", "--calibration", "{tmp}/nope.txt"], None, None,
+     "--calibration file not found"),
+    ("sweep-calibration-is-the-evaluation-data", ["sweep", "{src}", "--task", "lm", "--site", "linear", "--smooth", "0.5", "--calibration", "builtin:corpus"],
+     None, None, "is the evaluation data of task lm"),
+    ("sweep-blocks-one", ["sweep", "{src}", "--task", "lm", "--blocks", "1"], None, None, "--blocks must be at least 2"),
+    ("sweep-blocks-with-choice", ["sweep", "{src}", "--task", "choice", "--blocks", "4"], None, None, "with task lm or bb"),
+    ("sweep-blocks-beyond-items", ["sweep", "{src}", "--task", "lm", "--limit", "2", "--blocks", "3", "--json", "{tmp}/s.json"], None, None,
+     "--blocks must be from 2 to the 2 items"),
+    ("eval-llm-int8-at-kv", ["eval", "{src}", "--bits", "8", "--method", "llm-int8", "--site", "kv"], None, None, "llm-int8 is not defined there"),
+    ("eval-rotate-without-bits", ["eval", "{src}", "--rotate", "hadamard"], None, None, "give --bits too"),
+    ("quantize-rotate-nf4", ["quantize", "{src}", "--bits", "4", "--method", "nf4", "--rotate", "hadamard", "--out", "{tmp}/out"], None, None,
+     "--rotate needs --method absmax"),
+]
 
 
 def _export(method: str, bits: int):

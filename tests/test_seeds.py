@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from pathlib import Path
 
 import numpy as np
@@ -260,7 +259,7 @@ def test_the_multi_seed_report_states_its_method_and_shows_intervals(report):
     assert "Student t over the per-seed values" in text and "Clopper-Pearson" in text and "2 seeds (0, 7)" in text
     doc = json.loads((report / "seeds.json").read_text())
     top1 = doc["metrics"]["table5/hidden_states/top1"]["arms"]["diff"]
-    assert f"| diff | diff | " in text and f"{top1['mean']:.3g} [{top1['low']:.3g}, {top1['high']:.3g}]" in text
+    assert "| diff | diff | " in text and f"{top1['mean']:.3g} [{top1['low']:.3g}, {top1['high']:.3g}]" in text
     assert "seeds: standard higher / arm higher / equal" in text
     assert {p.name for p in report.glob("*.png")} == {"sweep_bb.png", "emergence.png"}
     assert sorted(p.name for p in (report / "seed-7").iterdir()) == ["stats.json", "sweep.json"]

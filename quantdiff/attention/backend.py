@@ -3,7 +3,7 @@
 Registered in transformers' attention registry as "quantdiff" (together with a mask function — without
 it the mask silently arrives as None). Every attention module gets a `Tap` submodule
 (`module.quantdiff_tap`): forward hooks on it observe each logits tile, and its quantizers fake-quantize
-operands and logits. Memory grows with T·tile, never T², because softmax is computed online
+the keys and values as a KV cache holds them, the logits matmul's operands, and the logits. Memory grows with T·tile, never T², because softmax is computed online
 (flash-attention style running max and sum) across key tiles.
 
 When a tap has no hooks and no quantizer the backend takes transformers' SDPA path: same outputs, faster —
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 import torch
 from torch import nn
@@ -75,6 +75,14 @@ class AttentionArgs:
         return self.softcap is None and self.sinks is None
 
 
+class KVQuantizer(Protocol):
+    """Quantizes keys (B, Hkv, S, D), given which key positions are valid ((B, 1, S, 1) bool or None), and values."""
+
+    def keys(self, key: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor: ...
+
+    def values(self, value: torch.Tensor) -> torch.Tensor: ...
+
+
 class Tap(nn.Module):
     """Identity on a logits tile unless a quantizer is set; forward hooks see `(logits, ctx)`.
 
@@ -88,6 +96,7 @@ class Tap(nn.Module):
         self.tile_size: int | None = DEFAULT_TILE_SIZE  # None: one tile spanning all keys
         self.logits_quantizer: Callable[[torch.Tensor, TileContext], torch.Tensor] | None = None
         self.operand_quantizer: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.kv_quantizer: KVQuantizer | None = None  # K and V as attention receives them: after RoPE, before GQA repeat
         self.calls = 0  # attention calls that reached the backend: coverage checks read it
 
     def forward(self, logits: torch.Tensor, ctx: TileContext) -> torch.Tensor:
@@ -155,6 +164,26 @@ def _repeat_state(module: nn.Module, tap: Tap, query: torch.Tensor, key: torch.T
     return None
 
 
+def _quantized_kv(module: nn.Module, tap: Tap, key: torch.Tensor, value: torch.Tensor, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V through the tap's KV quantizer. Keys the whole sequence holds: those some query may attend to.
+
+    DiffLlama's two calls read the same K (its quantized copy is reused, so `_repeat_state` still recognises the
+    repeat by identity) and each a half of V's KV heads, repeated twice: V is quantized per head and token, so
+    quantizing each half gives exactly the quantized cache's halves.
+    """
+    cached = getattr(module, "_quantdiff_kv_key", None)
+    if cached is not None and cached[0] is key:
+        module._quantdiff_kv_key = None
+        return cached[1], tap.kv_quantizer.values(value)
+    valid, _ = _split_mask(mask)
+    if valid is not None:
+        valid = valid.any(dim=2).any(dim=1).view(valid.shape[0], 1, -1, 1)  # (B, 1, S, 1): attended by some query
+    quantized = tap.kv_quantizer.keys(key, valid)
+    if tap.pairing == "halves":
+        module._quantdiff_kv_key = (key, quantized)
+    return quantized, tap.kv_quantizer.values(value)
+
+
 def attention_args(module: nn.Module, query: torch.Tensor, attention_mask, scaling: float | None, kwargs: dict) -> AttentionArgs:
     """The call's semantics; ConfigError naming the model and the argument for anything not implemented."""
     label = structure.model_label(module)
@@ -193,6 +222,8 @@ def quantdiff_attention_forward(
     sdpa_kwargs = {k: v for k, v in kwargs.items() if k in NEUTRAL_KWARGS or k in ("sliding_window", "is_causal")}
     if tap is not None:
         tap.calls += 1
+        if tap.kv_quantizer is not None:
+            key, value = _quantized_kv(module, tap, key, value, attention_mask)
     plain = tap is None or (tap.operand_quantizer is None and not tap.needs_logits)
     if plain and args.sdpa_exact:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=args.scaling, **sdpa_kwargs)

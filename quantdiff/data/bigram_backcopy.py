@@ -46,7 +46,8 @@ TABLE = Path(__file__).resolve().parents[1] / "assets" / "bigram_backcopy.json"
 SOURCE = "r-cran-janeaustenr: every chapter, joined by blank lines"
 TRIGGERS = 3  # the authors' k
 BOS, PAD = "<s>", "<pad>"
-TRAIN_STREAM, HELD_OUT_STREAM = 0, 1  # first word of every seed: training and held-out draws never meet
+# First word of every seed: training, held-out (evaluation) and calibration draws never meet.
+TRAIN_STREAM, HELD_OUT_STREAM, CALIBRATION_STREAM = 0, 1, 2
 
 
 def bigram_counts(text: str) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -123,6 +124,10 @@ class BigramBackcopy:
 
     def held_out_rows(self, count: int, length: int) -> torch.Tensor:
         return self.sequences((HELD_OUT_STREAM,), count, length)
+
+    def calibration_rows(self, count: int, length: int) -> torch.Tensor:
+        """Sequences for calibrating a quantization (SmoothQuant's scales): neither trained on nor evaluated."""
+        return self.sequences((CALIBRATION_STREAM,), count, length)
 
     def backcopy_targets(self, inputs: torch.Tensor) -> torch.Tensor:
         """Bool mask over `inputs` (B, T): True where the next token is a backcopy (the input is a trigger)."""

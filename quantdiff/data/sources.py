@@ -5,10 +5,14 @@ A source is one of:
 - a JSONL file whose records hold `text` (each record tokenized on its own, cut into windows of `seq_len`)
   or `input_ids` (each record used as-is as one sequence: exact across tokenizers);
 - `builtin:corpus` (the held-out split of the project's corpus) or `builtin:retrieval` (needle documents
-  of `seq_len` tokens built from that split).
+  of `seq_len` tokens built from that split);
+- calibration data, disjoint from every task's evaluation data: `builtin:corpus-train` (the corpus' training
+  split) and `builtin:bigram-backcopy` (Bigram-Backcopy sequences of the generator's calibration seed stream,
+  BOS first, token ids of its own vocabulary).
 Sequences are taken in order until `tokens` tokens are reached; the last one is cut to fit exactly. With a
 `bos_id`, every sequence cut from text starts with that token and holds `seq_len` tokens with it (a model trained
-with BOS first is measured as it runs: `models.bos`); `input_ids` records stay exactly as given.
+with BOS first is measured as it runs: `models.bos`); `input_ids` records and Bigram-Backcopy rows (BOS first by
+construction) stay exactly as given.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from quantdiff.core.memory import check_fits
 
 BUILTIN_CORPUS = "builtin:corpus"
 BUILTIN_RETRIEVAL = "builtin:retrieval"
-BUILTINS = (BUILTIN_CORPUS, BUILTIN_RETRIEVAL)
+BUILTIN_CORPUS_TRAIN = "builtin:corpus-train"
+BUILTIN_BIGRAM_BACKCOPY = "builtin:bigram-backcopy"
+BUILTINS = (BUILTIN_CORPUS, BUILTIN_RETRIEVAL, BUILTIN_CORPUS_TRAIN, BUILTIN_BIGRAM_BACKCOPY)
 TEXT_CHUNK_CHARS = 1 << 20  # tokenize long texts piecewise, stopping once the budget is reached
 RETRIEVAL_NEEDLES = 4
 RETRIEVAL_SEED = 0
@@ -69,7 +75,7 @@ def load_sequences(
     if seq_len <= len(prefix):
         raise DataError(f"--seq-len {seq_len} leaves no room for text after BOS: use at least 2")
     if source in BUILTINS:
-        sequences = _builtin(source, _need(tokenize, source), tokens, seq_len, prefix)
+        sequences = _builtin(source, tokenize, tokens, seq_len, prefix)
     else:
         path = Path(source)
         if path.suffix == ".jsonl":
@@ -222,9 +228,17 @@ def _jsonl(path: Path, tokenize: Tokenize | None, tokens: int, seq_len: int, pre
     return _windows(records, _need(tokenize, str(path)), tokens, seq_len, prefix, per_text=True)
 
 
-def _builtin(source: str, tokenize: Tokenize, tokens: int, seq_len: int, prefix: list[int]) -> list[list[int]]:
-    from quantdiff.data.corpus import held_out_text  # raises DataError with install instructions when the corpus is missing
+def _builtin(source: str, tokenize: Tokenize | None, tokens: int, seq_len: int, prefix: list[int]) -> list[list[int]]:
+    # The corpus functions raise DataError with install instructions when the corpus is missing.
+    from quantdiff.data.corpus import held_out_text, train_text
 
+    if source == BUILTIN_BIGRAM_BACKCOPY:
+        from quantdiff.data.bigram_backcopy import load
+
+        return load().calibration_rows(-(-tokens // seq_len), seq_len).tolist()
+    tokenize = _need(tokenize, source)
+    if source == BUILTIN_CORPUS_TRAIN:
+        return _windows(_chunks(train_text()), tokenize, tokens, seq_len)
     text = held_out_text()
     if source == BUILTIN_CORPUS:
         return _windows(_chunks(text), tokenize, tokens, seq_len, prefix)

@@ -3,10 +3,13 @@
 Each model gets an unquantized reference cell (method, bits and site all null) and one cell per supported
 configuration. A (method, site) pair the quantizers do not support — LLM.int8 on the logits site, whose
 outlier decomposition is defined for matmul operands — is skipped with its reason, never silently remapped.
+A linear-site transform (Hadamard rotation, SmoothQuant) is recorded in each cell it applies to; with `blocks`,
+each cell is also evaluated block by block (contiguous blocks of the task's items) for intervals by batch means.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -15,7 +18,8 @@ from torch import nn
 from quantdiff.core.errors import ConfigError
 from quantdiff.quant.numerics import check_bits
 from quantdiff.quant.registry import method_name, site_name
-from quantdiff.quant.sites import QuantConfig, parse_config, quantized
+from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets, parse_config, quantized
+from quantdiff.quant.transforms import Transform, transform_record
 from quantdiff.eval.scoring import counting_scored_logits
 from quantdiff.eval.tasks.registry import Task
 
@@ -33,6 +37,8 @@ class Cell:
     metrics: dict[str, float | None] = field(default_factory=dict)
     nonfinite_logits: int = 0  # scored positions whose logits held NaN/Inf: > 0 makes the cell invalid
     group_size: int | None = None  # absmax weights in groups of this many inputs (linear site); None: per channel
+    transform: dict | None = None  # the linear site's rotation or smoothing, as `transforms.transform_record` gives it
+    blocks: list[dict] | None = None  # metrics of each block of items, when evaluated by blocks
 
     @property
     def is_reference(self) -> bool:
@@ -43,9 +49,10 @@ class Cell:
         return self.nonfinite_logits == 0
 
     def to_dict(self) -> dict[str, Any]:
-        grouped = {} if self.group_size is None else {"group_size": self.group_size}
+        optional = {k: v for k, v in (("group_size", self.group_size), ("transform", self.transform)) if v is not None}
+        blocks = {} if self.blocks is None else {"blocks": self.blocks}
         return {"model": self.model, "task": self.task, "method": self.method, "bits": self.bits, "site": self.site,
-                **grouped, **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits}
+                **optional, **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits, **blocks}
 
 
 @dataclass(frozen=True)
@@ -54,9 +61,14 @@ class SweepPlan:
     skipped: list[str]  # one line per unsupported (method, site) pair
 
 
-def plan_sweep(methods: Sequence[str], bits: Sequence[int], sites: Sequence[str], group_size: int | None = None) -> SweepPlan:
+def plan_sweep(
+    methods: Sequence[str], bits: Sequence[int], sites: Sequence[str], group_size: int | None = None, transform: Transform | None = None
+) -> SweepPlan:
     """Every supported (method, site, bits) configuration; unknown names are errors, unsupported pairs skipped.
-    group_size: absmax weights at the linear site in groups of that many inputs (LLM.int8 is then skipped)."""
+    group_size: absmax weights at the linear site in groups of that many inputs (LLM.int8 is then skipped).
+    transform: a rotation or smoothing at the linear site, which must then be the only site."""
+    if transform is not None and list(dict.fromkeys(sites)) != ["linear"]:
+        raise ConfigError(f"--{'rotate' if transform.name == 'hadamard' else 'smooth'} transforms the linear site: use it with --site linear only")
     methods = [method_name(name) for name in methods]
     for name in sites:
         site_name(name)
@@ -66,7 +78,7 @@ def plan_sweep(methods: Sequence[str], bits: Sequence[int], sites: Sequence[str]
     for method in dict.fromkeys(methods):
         for site in dict.fromkeys(sites):
             try:
-                configs.extend(parse_config(method, b, site, group_size=group_size) for b in dict.fromkeys(bits))
+                configs.extend(parse_config(method, b, site, group_size=group_size, transform=transform) for b in dict.fromkeys(bits))
             except ConfigError as exc:  # names and bits are valid, so this pair is unsupported
                 skipped.append(f"{method} at site {site}: {exc}")
     if not configs:
@@ -87,30 +99,74 @@ def group_size_of(config: QuantConfig | None) -> int | None:
     return None if config is None else getattr(config.method, "weight_group_size", None)
 
 
-def label(method: str | None, bits: int | None, site: str | None, group_size: int | None = None) -> str:
+def transform_of(config: QuantConfig | None) -> Transform | None:
+    return None if config is None or not isinstance(config.site, LinearSite) else config.site.transform
+
+
+def transform_tag(transform: dict | None) -> str:
+    """' +hadamard', ' +smooth α=0.5' or '' (a cell label's transform part)."""
+    if transform is None:
+        return ""
+    return f" +{transform['name']}" + (f" α={transform['alpha']:g}" if "alpha" in transform else "")
+
+
+def label(method: str | None, bits: int | None, site: str | None, group_size: int | None = None, transform: dict | None = None) -> str:
     if method is None:
         return REFERENCE
-    return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'} @{site}"
+    return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'}{transform_tag(transform)} @{site}"
 
 
 def cell_label(cell: Cell) -> str:
-    return label(cell.method, cell.bits, cell.site, cell.group_size)
+    return label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform)
 
 
 CellProgress = Callable[[str, int], Callable[[float], None]]  # (label, total units) -> advance(n)
 
 
+def split_blocks(prepared: Any, count: int) -> list[Any]:
+    """`count` contiguous, nearly equal blocks of a task's prepared items (a dataclass holding one list)."""
+    lists = [f.name for f in dataclasses.fields(prepared) if isinstance(getattr(prepared, f.name), list)] if dataclasses.is_dataclass(prepared) else []
+    if len(lists) != 1:
+        raise ConfigError(f"{type(prepared).__name__} cannot be split into blocks")
+    items = getattr(prepared, lists[0])
+    if not 2 <= count <= len(items):
+        raise ConfigError(f"--blocks must be from 2 to the {len(items)} items evaluated, got {count}")
+    bounds = [round(i * len(items) / count) for i in range(count + 1)]
+    return [dataclasses.replace(prepared, **{lists[0]: items[a:b]}) for a, b in zip(bounds, bounds[1:])]
+
+
+def _evaluate(model: nn.Module, task: Task, prepared: Any, advance, blocks: int | None) -> tuple[dict, list[dict] | None]:
+    """(metrics, per-block metrics or None); by blocks, the metrics pool the blocks' exactly (`task.pool`)."""
+    if blocks is None:
+        return dict(task.evaluate(model, prepared, advance)), None
+    pool = getattr(task, "pool", None)
+    if pool is None:
+        raise ConfigError(f"task {task.name!r} cannot pool metrics over blocks (--blocks works with tasks lm and bb)")
+    per_block = [dict(task.evaluate(model, part, advance)) for part in split_blocks(prepared, blocks)]
+    return pool(per_block), per_block
+
+
 def run_cell(
-    model: nn.Module, name: str, task: Task, prepared: Any, config: QuantConfig | None, progress: CellProgress | None = None, allow_partial: bool = False
+    model: nn.Module,
+    name: str,
+    task: Task,
+    prepared: Any,
+    config: QuantConfig | None,
+    progress: CellProgress | None = None,
+    allow_partial: bool = False,
+    blocks: int | None = None,
 ) -> Cell:
     """One cell. Non-finite logits at any scored position make it invalid: its metrics become None (null in
     JSON), since an argmax over NaN picks a token anyway and would pass for an accuracy."""
-    advance = progress(f"{name} · {label(*describe(config), group_size_of(config))}", len(prepared)) if progress is not None else None
+    transform = transform_of(config)
+    record = None if transform is None else transform_record(transform, model, [m for _, m in linear_targets(model, config.site, allow_partial)])
+    advance = progress(f"{name} · {label(*describe(config), group_size_of(config), record)}", len(prepared)) if progress is not None else None
     with quantized(model, config, allow_partial), counting_scored_logits() as scored:
-        metrics: dict[str, float | None] = dict(task.evaluate(model, prepared, advance))
+        metrics, per_block = _evaluate(model, task, prepared, advance, blocks)
     if scored.nonfinite:
         metrics.update(dict.fromkeys(task.metrics))
-    return Cell(name, task.name, *describe(config), metrics, scored.nonfinite, group_size_of(config))
+        per_block = None
+    return Cell(name, task.name, *describe(config), metrics, scored.nonfinite, group_size_of(config), record, per_block)
 
 
 def run_model_cells(
@@ -122,9 +178,10 @@ def run_model_cells(
     progress: CellProgress | None = None,
     include_reference: bool = True,
     allow_partial: bool = False,
+    blocks: int | None = None,
 ) -> list[Cell]:
     """One model's cells on data already prepared for its tokenizer: the reference first, then each config."""
-    return [run_cell(model, name, task, prepared, config, progress, allow_partial) for config in ([None] if include_reference else []) + list(configs)]
+    return [run_cell(model, name, task, prepared, config, progress, allow_partial, blocks) for config in ([None] if include_reference else []) + list(configs)]
 
 
 def run_sweep(
@@ -153,6 +210,7 @@ def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None 
 
 
 def cells_from_json(data: dict[str, Any]) -> list[Cell]:
-    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size")
-    return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0), d.get("group_size"))
+    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks")
+    return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0), d.get("group_size"),
+                 d.get("transform"), d.get("blocks"))
             for d in data["cells"]]

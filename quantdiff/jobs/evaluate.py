@@ -13,7 +13,7 @@ from quantdiff.core.atomic import STDOUT, write_json
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import task_bars
-from quantdiff.eval.sweep import Cell, cell_label, cells_to_json, run_model_cells
+from quantdiff.eval.sweep import Cell, cell_label, cells_to_json, run_model_cells, split_blocks
 from quantdiff.eval.tasks.registry import Task
 from quantdiff.models.bos import BosChoice, check_mode, decide_bos, describe_bos
 from quantdiff.quant.sites import QuantConfig
@@ -68,18 +68,25 @@ def run_prepared(
     include_reference: bool = True,
     allow_partial: bool = False,
     trust_remote_code: bool = False,
+    blocks: int | None = None,
 ) -> list[Cell]:
-    """Load each model in turn (only one in memory) and run its cells on its prepared data."""
+    """Load each model in turn (only one in memory) and run its cells on its prepared data. Smoothing
+    configurations are calibrated on each model first, its sequences opened as its data is (BOS or not).
+    blocks: also evaluate each cell in that many blocks of items (`eval.sweep.split_blocks`)."""
     from quantdiff.quant.checkpoint import load
+    from quantdiff.quant.transforms import calibrated_configs
 
     target = resolve_device(device)
+    for prepared in models if blocks is not None else []:
+        split_blocks(prepared.data, blocks)  # too few items for the blocks: refused before any weights load
     cells: list[Cell] = []
     with task_bars(quiet, transient=True) as progress:
         for prepared in models:
             model = load(prepared.path, device=target, trust_remote_code=trust_remote_code)
             if len(prepared.tokenizer) > model.config.vocab_size:
                 raise LoadError(f"{prepared.path}: the tokenizer has {len(prepared.tokenizer)} tokens, the model only {model.config.vocab_size}")
-            cells.extend(run_model_cells(prepared.name, model, task, prepared.data, configs, progress, include_reference, allow_partial))
+            model_configs = calibrated_configs(configs, model, prepared.tokenizer, prepared.bos.token_id)
+            cells.extend(run_model_cells(prepared.name, model, task, prepared.data, model_configs, progress, include_reference, allow_partial, blocks))
             del model
     return cells
 

@@ -17,7 +17,8 @@ from quantdiff.models import loading
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport
 from quantdiff.quant.formats import WEIGHTS_NAME, ExportFormat, LLMInt8Export, Tensors, format_from_section
 from quantdiff.quant.numerics import PerRow
-from quantdiff.quant.sites import AbsmaxMethod, LinearSite, LLMInt8Method, Method, QuantConfig, apply_quantization
+from quantdiff.quant.sites import AbsmaxMethod, LinearSite, LLMInt8Method, Method, QuantConfig, QuantizationHandle, apply_quantization
+from quantdiff.quant.transforms import rotate_inputs
 
 
 
@@ -75,8 +76,9 @@ def load_quantized(
     dtype: cast the decoded model (default: the dtype it was exported from, which keeps weights bit-exact).
 
     An llm-int8 export also quantizes linear inputs at run time (LLM.int8 with the stored threshold), a
-    compressed-tensors W8A8 one per token (int8 absmax); a recorded attention quantization is re-applied.
-    Their handles are in `model.quantdiff_handles`.
+    compressed-tensors W8A8 one per token (int8 absmax); a recorded attention quantization is re-applied, and a
+    recorded Hadamard rotation rotates the inputs of the modules whose weights it stores rotated. Their handles
+    are in `model.quantdiff_handles`.
     Only model.safetensors is read: pickled files beside it are never opened.
     """
     from transformers import AutoModelForCausalLM
@@ -122,6 +124,8 @@ def load_quantized(
     loading.prepare(model, tile_size)
 
     handles = []
+    if (section.get("transform") or {}).get("name") == "hadamard":  # before any input quantizer: it sees xH
+        handles.append(QuantizationHandle(rotate_inputs(model, section["transform"]["modules"])))
     input_method = _runtime_input_method(fmt)
     if input_method is not None:
         chosen = set(section["modules"])

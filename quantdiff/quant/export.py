@@ -24,6 +24,7 @@ from quantdiff.quant.compressed_tensors import CompressedTensorsExport
 from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors
 from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets
+from quantdiff.quant.transforms import Transform, check_exportable, export_transform
 
 
 
@@ -52,6 +53,7 @@ def export_quantized(
     attention: QuantConfig | None = None,
     allow_partial: bool = False,
     trust_remote_code: bool = False,
+    transform: Transform | None = None,
 ) -> ExportSummary:
     """Quantize the source model's linear weights and write a complete model directory at `out`, atomically.
 
@@ -59,6 +61,8 @@ def export_quantized(
     allow_partial: accept decoder layers without an nn.Linear to quantize (else ConfigError naming them).
     trust_remote_code: run the source's own code, and keep it (*.py, `auto_map`) in the export, which records
     the choice; without it the export carries no code.
+    transform: a Hadamard rotation or SmoothQuant smoothing written into the weights first (`transforms.export_transform`),
+    recorded as the section's `transform`.
     """
     if isinstance(fmt, GGUFExport):
         raise ConfigError("a GGUF export is one file, written by quant.gguf_export.export_gguf (quantdiff.export_quantized picks it)")
@@ -67,6 +71,7 @@ def export_quantized(
     already = quantization_format(source)
     if already is not None:  # its linear layers hold codes, not weights: there is nothing left to quantize
         raise ConfigError(f"{source} is already quantized (format {already}): quantize the unquantized model instead")
+    check_exportable(transform, isinstance(fmt, AbsmaxExport))
     if attention is not None and isinstance(attention.site, LinearSite):
         raise ConfigError("only an attention quantization (site logits or qk) can be recorded with an export")
     model = load(source, device="cpu", trust_remote_code=trust_remote_code)
@@ -77,6 +82,7 @@ def export_quantized(
     tied = _tied_to_other(model, targets)
     if tied:
         raise ConfigError(f"{tied} shares its weight with another tensor (tied embeddings): it cannot be quantized alone")
+    recorded = {} if transform is None else {"transform": export_transform(model, source, transform, targets, isinstance(fmt, AbsmaxExport))}
     chosen = {fqn for fqn, _ in targets}
     skipped = [fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and fqn not in chosen]
     dtype = targets[0][1].weight.dtype
@@ -89,6 +95,7 @@ def export_quantized(
         "quantdiff_version": __version__,
         "trust_remote_code": trust_remote_code,
         "source": model_source(source),  # a GGUF file: the export quantizes its dequantized weights
+        **recorded,
     }
 
     tensors = _plain_tensors(model, {f"{fqn}.weight" for fqn in chosen})

@@ -10,8 +10,8 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.quant.numerics import Granularity, PerColumn, PerRow, PerTensor, check_bits
 
 METHOD_NAMES = ("absmax", "llm-int8")  # fake quantization inside the model (sites)
-SITE_NAMES = ("logits", "qk", "linear")
-ATTENTION_SITE_NAMES = ("logits", "qk")  # the sites inside attention, which an export can record
+SITE_NAMES = ("logits", "qk", "linear", "kv")
+ATTENTION_SITE_NAMES = ("logits", "qk", "kv")  # the sites inside attention, which an export can record
 GRANULARITY_NAMES: dict[str, Granularity] = {"tensor": PerTensor(), "row": PerRow(), "column": PerColumn()}
 EXPORT_METHODS = ("absmax", "llm-int8", "nf4", "fp4")  # weight formats written by `quant.export`
 EXPORT_FORMATS = ("quantdiff", "compressed-tensors", "gguf")  # containers: our model directory, compressed-tensors' one, a GGUF file

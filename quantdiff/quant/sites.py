@@ -27,6 +27,7 @@ from quantdiff.quant.numerics import (
     absmax_quantize,
     absmax_weight_quantize,
     check_bits,
+    absmax,
     check_group_size,
     fake_quantize_with_absmax,
     outlier_features,
@@ -34,6 +35,7 @@ from quantdiff.quant.numerics import (
 )
 from quantdiff.quant.registry import granularity_name, method_name, parse_bit_width, site_name
 from quantdiff.quant.registry import granularity as _granularity
+from quantdiff.quant.transforms import Transform, apply_transform, transform_from_dict
 
 ModuleFilter = Callable[[nn.Module, str], bool]
 
@@ -92,20 +94,30 @@ class QKSite:
 class LinearSite:
     """Weights and inputs of nn.Linear layers. Default: floating-point nn.Linear inside decoder layers,
     plus lm_head if `include_lm_head`; `filter (module, fqn) -> bool` replaces that choice (not serialisable).
-    `weights=True, inputs=False` is weight-only quantization, what an exported absmax checkpoint holds."""
+    `weights=True, inputs=False` is weight-only quantization, what an exported absmax checkpoint holds.
+    `transform`: a Hadamard rotation or SmoothQuant smoothing applied first (`quant.transforms`)."""
 
     include_lm_head: bool = False
     filter: ModuleFilter | None = field(default=None, compare=False)
     weights: bool = True
     inputs: bool = True
+    transform: Transform | None = None
 
     def __post_init__(self) -> None:
         if not (self.weights or self.inputs):
             raise ConfigError("a linear site must quantize weights, inputs or both")
 
 
-Site = LogitsSite | QKSite | LinearSite
-SITE_TYPES: dict[str, type] = {"logits": LogitsSite, "qk": QKSite, "linear": LinearSite}  # keys: registry.SITE_NAMES
+@dataclass(frozen=True)
+class KVSite:
+    """The keys and values attention reads, after RoPE, as a KV cache holds them (KIVI, Liu et al. 2024, §3):
+    keys per channel (one scale per sequence, KV head and channel, over the sequence's tokens), values per token
+    (one scale per sequence, KV head and token, over the head's channels). Absmax only, at any 2–16 bits; KIVI's
+    token groups and full-precision window of recent tokens are left out: one scale spans the whole sequence."""
+
+
+Site = LogitsSite | QKSite | LinearSite | KVSite
+SITE_TYPES: dict[str, type] = {"logits": LogitsSite, "qk": QKSite, "linear": LinearSite, "kv": KVSite}  # keys: registry.SITE_NAMES
 
 
 @dataclass(frozen=True)
@@ -137,8 +149,9 @@ def _site_to_dict(site: Site) -> dict:
     if isinstance(site, LinearSite):
         if site.filter is not None:
             raise ConfigError("a linear site with a custom module filter cannot be serialised")
-        return {"name": "linear", "include_lm_head": site.include_lm_head, "weights": site.weights, "inputs": site.inputs}
-    return {"name": "logits" if isinstance(site, LogitsSite) else "qk"}
+        transform = {} if site.transform is None else {"transform": site.transform.to_dict()}
+        return {"name": "linear", "include_lm_head": site.include_lm_head, "weights": site.weights, "inputs": site.inputs, **transform}
+    return {"name": next(name for name, site_type in SITE_TYPES.items() if isinstance(site, site_type))}
 
 
 def _method_from_dict(data: object) -> Method:
@@ -159,6 +172,8 @@ def _site_from_dict(data: object) -> Site:
         raise ConfigError("quantization site must be an object")
     fields = dict(data)
     name = site_name(fields.pop("name", None))
+    if name == "linear" and fields.get("transform") is not None:
+        fields["transform"] = transform_from_dict(fields["transform"])
     try:
         return SITE_TYPES[name](**fields)
     except TypeError as exc:
@@ -173,13 +188,17 @@ def parse_config(
     threshold: float = LLM_INT8_THRESHOLD,
     include_lm_head: bool = False,
     group_size: int | None = None,
+    transform: Transform | None = None,
 ) -> QuantConfig:
     """Names to config types (the CLI's and the API's way in). Raises ConfigError with a one-line message.
 
-    group_size: absmax weights in groups of that many inputs per output channel (site linear only)."""
+    group_size: absmax weights in groups of that many inputs per output channel (site linear only).
+    transform: a Hadamard rotation or SmoothQuant smoothing before quantizing (site linear only)."""
     bits = parse_bit_width(bits)
     if group_size is not None and site_name(site) != "linear":
         raise ConfigError(f"a group size sets how the linear site's weights are quantized, not site {site!r}")
+    if transform is not None and site_name(site) != "linear":
+        raise ConfigError(f"a {transform.name} transform acts on the linear site's inputs and weights, not site {site!r}")
     if method_name(method) == "absmax":
         method_cfg: Method = AbsmaxMethod(bits, _granularity(granularity), group_size)
     elif group_size is not None:
@@ -187,7 +206,7 @@ def parse_config(
     else:
         method_cfg = LLMInt8Method(bits, threshold)
     site_type = SITE_TYPES[site_name(site)]
-    site_cfg: Site = site_type(include_lm_head=include_lm_head) if site_type is LinearSite else site_type()
+    site_cfg: Site = site_type(include_lm_head=include_lm_head, transform=transform) if site_type is LinearSite else site_type()
     config = QuantConfig(method_cfg, site_cfg)
     check_supported(config)
     return config
@@ -246,6 +265,20 @@ class LLMInt8QKQuantizer:
         )
 
 
+@dataclass(frozen=True)
+class KVQuantizer:
+    """A tap's K/V quantizer (`KVSite`); K (B, Hkv, S, D) and V (B, Hkv, S, Dv) in the layout the KV cache holds."""
+
+    bits: int
+
+    def keys(self, key: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        """valid (B, 1, S, 1) bool: the key positions some query may attend to (padding is not in a sequence's cache)."""
+        return fake_quantize_with_absmax(key, absmax(key, PerColumn(), mask=valid, batch_dims=2), self.bits)
+
+    def values(self, value: torch.Tensor) -> torch.Tensor:
+        return fake_quantize_with_absmax(value, absmax(value, PerRow()), self.bits)
+
+
 def fake_quant_weight(weight: torch.Tensor, method: Method) -> torch.Tensor:
     """A linear weight (out, in) quantized per output channel (or in groups of `weight_group_size` inputs of
     each output channel) and dequantized, in its dtype.
@@ -287,6 +320,11 @@ def check_supported(config: QuantConfig) -> None:
             raise ConfigError("llm-int8 quantizes matmul operands: use site 'qk' or 'linear', not 'logits'")
         if isinstance(config.method.granularity, PerColumn):
             raise ConfigError("logits quantization is per tensor or per row, not per column")
+    if isinstance(config.site, KVSite):
+        if isinstance(config.method, LLMInt8Method):
+            raise ConfigError("site kv is KIVI's absmax (keys per channel, values per token); llm-int8 is not defined there")
+        if config.method.granularity != PerTensor():
+            raise ConfigError("site kv fixes its granularity (keys per channel, values per token): leave the granularity at its default")
 
 
 def _set_on_taps(model: nn.Module, name: str, value: object, undo: list[Undo]) -> None:
@@ -318,6 +356,11 @@ def _apply_qk(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
     else:
         quantizer = AbsmaxQKQuantizer(config.method)
     _set_on_taps(model, "operand_quantizer", quantizer, undo)
+
+
+@register_site(KVSite)
+def _apply_kv(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
+    _set_on_taps(model, "kv_quantizer", KVQuantizer(config.method.bits), undo)
 
 
 def decoder_layer_prefixes(model: nn.Module) -> list[str]:
@@ -363,6 +406,8 @@ def _apply_linear(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> No
     targets = linear_targets(model, config.site)
     if not targets:
         raise ConfigError("the linear site matched no nn.Linear layer")
+    if config.site.transform is not None:
+        apply_transform(model, config.site.transform, [module for _, module in targets], undo)
     for _, module in targets:
         if config.site.weights:
             undo.append(_swap_weight(module, config.method))

@@ -19,7 +19,8 @@ _BELOW = -1.0  # stands in for non-finite or unobserved |x|: never reaches the t
 class ChannelStats:
     """Per (layer, channel) of the decoder layers' linear inputs — the normed hidden states that enter the
     attention projections (q/k/v) and the FFN expansion (gate/up): max |x| (SmoothQuant's act scales) and, per
-    input, how many positions reach the LLM.int8 threshold, plus positions observed per layer and input.
+    input, how many positions reach the LLM.int8 threshold, plus positions observed per layer and input. The max
+    is kept per input too (`input_absmax`): SmoothQuant smooths each input with its own scales.
 
     Outlier feature (Dettmers et al. 2022, "LLM.int8()", §3.2 and §4.1): a feature dimension where |x| ≥ 6
     at ≥ 6% of the sequence positions, in ≥ 25% of the layers, counted only in the inputs of the attention
@@ -28,7 +29,7 @@ class ChannelStats:
     attention heads' value channels, not hidden-state channels.
     """
 
-    absmax: torch.Tensor  # (L, D) float32 max |x| over finite observed values of both inputs
+    input_absmax: torch.Tensor  # (L, 2, D) float32 max |x| over finite observed values, per LINEAR_INPUTS
     over_threshold: torch.Tensor  # (L, 2, D) int64 positions with |x| ≥ threshold, per LINEAR_INPUTS
     positions: torch.Tensor  # (L, 2) int64 positions observed, per LINEAR_INPUTS
     threshold: float = LLM_INT8_THRESHOLD
@@ -37,7 +38,7 @@ class ChannelStats:
     def empty(cls, layers: int, channels: int, device: torch.device | str = "cpu", threshold: float = LLM_INT8_THRESHOLD) -> ChannelStats:
         inputs = len(LINEAR_INPUTS)
         return cls(
-            torch.zeros(layers, channels, device=device),
+            torch.zeros(layers, inputs, channels, device=device),
             torch.zeros(layers, inputs, channels, dtype=torch.int64, device=device),
             torch.zeros(layers, inputs, dtype=torch.int64, device=device),
             threshold,
@@ -48,17 +49,22 @@ class ChannelStats:
         a = torch.nan_to_num(x.detach().float().abs(), nan=_BELOW, posinf=_BELOW)  # non-finite: never an outlier
         if valid is not None:
             a = torch.where(valid.view(-1, 1), a, _BELOW)
-        torch.maximum(self.absmax[layer], a.amax(dim=0), out=self.absmax[layer])
+        torch.maximum(self.input_absmax[layer, which], a.amax(dim=0), out=self.input_absmax[layer, which])
         self.over_threshold[layer, which] += (a >= self.threshold).sum(dim=0)
         self.positions[layer, which] += a.shape[0] if valid is None else torch.count_nonzero(valid)
 
     def merge(self, other: ChannelStats) -> ChannelStats:
         if other.over_threshold.shape != self.over_threshold.shape or other.threshold != self.threshold:
             raise ValueError("cannot merge channel statistics of different layouts")
-        torch.maximum(self.absmax, other.absmax.to(self.absmax.device), out=self.absmax)
+        torch.maximum(self.input_absmax, other.input_absmax.to(self.input_absmax.device), out=self.input_absmax)
         self.over_threshold += other.over_threshold.to(self.over_threshold.device)
         self.positions += other.positions.to(self.positions.device)
         return self
+
+    @property
+    def absmax(self) -> torch.Tensor:
+        """(L, D) max |x| over both inputs of each layer (the stats JSON's `channel_absmax`)."""
+        return self.input_absmax.amax(dim=1)
 
     def layers_holding(self) -> torch.Tensor:
         """(L, D) bool: layer l holds channel c (≥ 6% of the positions of one of its inputs reach the threshold)."""
@@ -89,7 +95,7 @@ class ChannelStats:
 
     def to_dict(self) -> dict:
         return {
-            "absmax": self.absmax.tolist(),
+            "input_absmax": self.input_absmax.tolist(),
             "over_threshold": self.over_threshold.tolist(),
             "positions": self.positions.tolist(),
             "threshold": self.threshold,
@@ -98,7 +104,7 @@ class ChannelStats:
     @classmethod
     def from_dict(cls, data: dict, device: torch.device | str = "cpu") -> ChannelStats:
         return cls(
-            torch.tensor(data["absmax"], dtype=torch.float32, device=device),
+            torch.tensor(data["input_absmax"], dtype=torch.float32, device=device),
             torch.tensor(data["over_threshold"], dtype=torch.int64, device=device),
             torch.tensor(data["positions"], dtype=torch.int64, device=device),
             float(data["threshold"]),

@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from quantdiff.cli.transform_options import CalibrationOpt, CalibrationTokensOpt, RotateOpt, SmoothOpt
+
 
 def quantize(
     model: Annotated[str, typer.Argument(help="Model directory, GGUF file (dequantized first), built-in name (tiny/diff, smollm2, gemma3) or hub id (org/name).")],
@@ -20,7 +22,11 @@ def quantize(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing non-empty --out.")] = False,
     attention_bits: Annotated[Optional[str], typer.Option("--attention-bits", help="Also record an attention quantization (2–16 bits); quantdiff re-applies it on load.")] = None,
     attention_method: Annotated[Optional[str], typer.Option("--attention-method", help="absmax (default) or llm-int8 (with --attention-bits).")] = None,
-    attention_site: Annotated[Optional[str], typer.Option("--attention-site", help="logits (default) or qk (with --attention-bits).")] = None,
+    attention_site: Annotated[Optional[str], typer.Option("--attention-site", help="logits (default), qk or kv (with --attention-bits).")] = None,
+    rotate: RotateOpt = None,
+    smooth: SmoothOpt = None,
+    calibration: CalibrationOpt = None,
+    calibration_tokens: CalibrationTokensOpt = None,
     eval_task: Annotated[Optional[str], typer.Option("--eval", help="Also evaluate source and reloaded export on this task (choice, lm, retrieval).")] = None,
     data: Annotated[Optional[str], typer.Option("--data", help="Data file for --eval (see `quantdiff eval --help`).")] = None,
     context: Annotated[Optional[int], typer.Option("--context", help="Tokens per window (lm) or document (retrieval) for --eval.")] = None,
@@ -33,6 +39,7 @@ def quantize(
     from quantdiff.report.console import line_console
 
     from quantdiff.cli.task_options import check_limit, make_cli_task
+    from quantdiff.cli.transform_options import calibration_file, make_transform
     from quantdiff.cli.validate import check_positive, refuse_unused
     from quantdiff.core.errors import ConfigError, LoadError
     from quantdiff.core.savedir import check_target
@@ -67,19 +74,21 @@ def quantize(
         attention = parse_config(attention_method or "absmax", attention_bits, attention_site or "logits")
     if eval_task is None:
         refuse_unused("without --eval", data=data, context=context, limit=limit)
+    transform = make_transform(rotate, smooth, calibration, calibration_tokens, eval_task, data)
     check_limit(limit)
     sources = resolve(model, revision)
     if len(sources) != 1:
         raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
     if not gguf:  # a GGUF file's target is checked by export_gguf
-        check_target(out, force, model_inputs([model], sources) + ([data] if data else []), flag="--out", kind="export")
+        check_target(out, force, model_inputs([model], sources) + ([data] if data else []) + calibration_file(transform), flag="--out", kind="export")
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
     tokenizer = load_tokenizer(sources[0]) if task is not None else None
     if gguf:
         summary = export_gguf(model, out, fmt, include_lm_head=include_lm_head, force=force, allow_partial=allow_partial, revision=revision)
     else:
         summary = export_quantized(
-            sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial, trust_remote_code=trust_remote_code
+            sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial,
+            trust_remote_code=trust_remote_code, transform=transform,
         )
     console = line_console()
     d = summary.description
@@ -95,6 +104,11 @@ def quantize(
     console.print(f"modules quantized: {len(summary.modules)}; skipped (kept in {d['dtype']}): {', '.join(summary.skipped) or 'none'}")
     if trust_remote_code:
         console.print("kept the model's own code (*.py, auto_map), recorded as trust_remote_code")
+    recorded = d.get("transform")
+    if recorded is not None:
+        rotated = recorded["name"] == "hadamard"
+        how = "rotated (hadamard; the loader rotates the inputs again)" if rotated else f"smoothed (α {recorded['alpha']:g}, folded into the norms)"
+        console.print(f"weights written {how}")
     if attention is not None:
         a = attention.to_dict()
         console.print(f"attention recorded: {a['method']['name']} {a['method']['bits']}-bit at site {a['site']['name']} (re-applied on load)")

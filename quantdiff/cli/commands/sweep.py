@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from quantdiff.cli.transform_options import CalibrationOpt, CalibrationTokensOpt, RotateOpt, SmoothOpt
+
 TASK_HELP = "Task: choice (HellaSwag-format multiple choice), lm (held-out loss/accuracy), retrieval (multi-needle), bb (Bigram-Backcopy accuracy; models trained on it)."
 DATA_HELP = "Task data: a HellaSwag JSONL file (choice), a text file (lm; retrieval filler). Default: the corpus' held-out text."
 
@@ -34,8 +36,13 @@ def sweep(
     task: TaskOpt = "choice",
     bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
     method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",
-    site: Annotated[str, typer.Option("--site", help="Comma-separated: logits, qk, linear. Unsupported (method, site) pairs are skipped with a note.")] = "logits",
+    site: Annotated[str, typer.Option("--site", help="Comma-separated: logits, qk, linear, kv (keys per channel, values per token, as a KV cache holds them). Unsupported (method, site) pairs are skipped with a note.")] = "logits",
     group_size: GroupOpt = None,
+    rotate: RotateOpt = None,
+    smooth: SmoothOpt = None,
+    calibration: CalibrationOpt = None,
+    calibration_tokens: CalibrationTokensOpt = None,
+    blocks: Annotated[Optional[int], typer.Option("--blocks", help="Also evaluate every cell in N contiguous blocks of the items and record each block's metrics in the JSON (intervals by batch means); the cell's metrics pool them exactly. Tasks lm and bb.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the Figure-8-style chart (PNG, PDF or SVG).")] = None,
     json_path: JsonOpt = None,
     data: DataOpt = None,
@@ -56,8 +63,10 @@ def sweep(
     from quantdiff.report.console import line_console
 
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
+    from quantdiff.cli.transform_options import calibration_file, make_transform
     from quantdiff.cli.validate import check_group_option, check_list
     from quantdiff.core.device import resolve_device
+    from quantdiff.core.errors import ConfigError
     from quantdiff.core.outputs import check_outputs
     from quantdiff.eval.sweep import plan_sweep
     from quantdiff.jobs.evaluate import prepare_models, report, run_prepared
@@ -71,12 +80,15 @@ def sweep(
         check_list(text, flag)
     check_group_option(group_size, split_names(site, "sites"))
     target = resolve_device(device, "--device")
-    plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size)
+    transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
+    plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size, transform)
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
+    if blocks is not None and (blocks < 2 or not hasattr(the_task, "pool")):
+        raise ConfigError(f"--blocks must be at least 2, with task lm or bb (got {blocks}, task {task})")
     check_mode(bos)
     specs = resolve_models(models)
-    check_outputs({"--json": json_path, "--plot": plot}, model_inputs(models, [path for _, path in specs]) + ([data] if data else []))
+    check_outputs({"--json": json_path, "--plot": plot}, model_inputs(models, [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform))
     check_output(json_path, None, force, "--json")
     check_output(plot, (".png", ".pdf", ".svg"), force, "--plot")
     notes = line_console(stderr=True)
@@ -84,7 +96,7 @@ def sweep(
         notes.print(f"[yellow]skipped {line}[/yellow]")
     bars_quiet = quiet or str(json_path) == "-"  # the JSON is stdout's whole content
     prepared = prepare_models(specs, the_task, limit, bos, target, trust_remote_code)
-    cells = run_prepared(prepared, the_task, plan.configs, target, bars_quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code)
+    cells = run_prepared(prepared, the_task, plan.configs, target, bars_quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code, blocks=blocks)
     report(cells, the_task, json_path, quiet, model_sources(specs), {m.name: m.bos for m in prepared}, force)
     if plot is not None:
         from quantdiff.report.sweep_report import cell_points, plot_sweep
@@ -99,8 +111,12 @@ def evaluate(
     task: TaskOpt = "choice",
     bits: Annotated[Optional[int], typer.Option("--bits", help="Quantize to this many bits (2–16); omit for the unquantized model.")] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="absmax (default) or llm-int8; needs --bits.")] = None,
-    site: Annotated[Optional[str], typer.Option("--site", help="logits (default), qk or linear; needs --bits.")] = None,
+    site: Annotated[Optional[str], typer.Option("--site", help="logits (default), qk, linear or kv; needs --bits.")] = None,
     group_size: GroupOpt = None,
+    rotate: RotateOpt = None,
+    smooth: SmoothOpt = None,
+    calibration: CalibrationOpt = None,
+    calibration_tokens: CalibrationTokensOpt = None,
     json_path: JsonOpt = None,
     data: DataOpt = None,
     limit: LimitOpt = None,
@@ -118,6 +134,7 @@ def evaluate(
 ) -> None:
     """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
+    from quantdiff.cli.transform_options import calibration_file, make_transform
     from quantdiff.cli.validate import check_group_option
     from quantdiff.core.device import resolve_device
     from quantdiff.core.outputs import check_outputs
@@ -129,16 +146,17 @@ def evaluate(
     from quantdiff.models.source import model_sources
     from quantdiff.quant.sites import parse_config
 
-    if bits is None and (method is not None or site is not None or group_size is not None):
-        raise ConfigError("--method, --site and --group-size choose how to quantize: give --bits too")
+    if bits is None and (method is not None or site is not None or group_size is not None or rotate is not None or smooth is not None):
+        raise ConfigError("--method, --site, --group-size, --rotate and --smooth choose how to quantize: give --bits too")
     check_group_option(group_size, [site or "logits"])
     target = resolve_device(device, "--device")
-    configs = [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", group_size=group_size)]
+    transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
+    configs = [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", group_size=group_size, transform=transform)]
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     check_mode(bos)
     specs = resolve_models([model])
-    check_outputs({"--json": json_path}, model_inputs([model], [path for _, path in specs]) + ([data] if data else []))
+    check_outputs({"--json": json_path}, model_inputs([model], [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform))
     check_output(json_path, None, force, "--json")
     prepared = prepare_models(specs, the_task, limit, bos, target, trust_remote_code)
     cells = run_prepared(

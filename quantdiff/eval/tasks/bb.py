@@ -32,7 +32,8 @@ class PreparedBB:
 
 @dataclass
 class BBTask:
-    """`sequences` held-out sequences of `context` tokens (BOS first); `limit` caps the number."""
+    """`sequences` held-out sequences of `context` tokens (BOS first); `limit` sets the number instead: the first
+    `limit` sequences of the held-out stream (each sequence is the same whatever the count)."""
 
     sequences: int = 64
     context: int = 64  # the shipped bb models' length (recipes/bb.toml); the authors train on 256
@@ -47,7 +48,7 @@ class BBTask:
             raise DataError(f"task bb needs a context of at least 3 tokens and at least 1 sequence, got {self.context} and {self.sequences}")
         generator = bigram_backcopy.load()
         generator.check_tokenizer(tokenizer)
-        count = min(self.sequences, limit or self.sequences)
+        count = self.sequences if limit is None else limit
         return PreparedBB(generator.held_out_rows(count, self.context + 1).tolist())
 
     def evaluate(self, model: nn.Module, prepared: PreparedBB, progress: Progress | None = None) -> dict[str, float]:
@@ -75,3 +76,11 @@ class BBTask:
             raise DataError("task bb: the sequences hold no backcopy or no bigram position (context too short)")
         return {"accuracy": correct / n_copy, "bigram_kl": kl / n_bigram, "backcopy_loss": copy_nll / n_copy,
                 "bigram_loss": bigram_nll / n_bigram, "backcopy_positions": int(n_copy), "bigram_positions": int(n_bigram)}
+
+    def pool(self, blocks: list[dict[str, float]]) -> dict[str, float]:
+        """The metrics of the union of disjoint blocks of sequences, from each block's metrics (position-weighted)."""
+        weight = {"accuracy": "backcopy_positions", "backcopy_loss": "backcopy_positions", "bigram_kl": "bigram_positions", "bigram_loss": "bigram_positions"}
+        totals = {count: sum(b[count] for b in blocks) for count in ("backcopy_positions", "bigram_positions")}
+        pooled = {m: sum(b[m] * b[count] for b in blocks) / totals[count] for m, count in weight.items()}
+        pooled["accuracy"] = round(pooled["accuracy"] * totals["backcopy_positions"]) / totals["backcopy_positions"]  # a count ratio, as unpooled
+        return {**pooled, **totals}

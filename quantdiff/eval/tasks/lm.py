@@ -67,3 +67,10 @@ class LMTask:
             raise DataError(f"lm windows of {self.context} tokens exceed the model's {limit} positions: use a context of at most {limit}")
         scores = score_targets(model, [(w[:1], w[1:]) for w in prepared.windows], self.batch_size, progress)
         return lm_metrics(sum(s.logprob for s in scores), sum(s.n_tokens for s in scores), sum(s.n_correct for s in scores))
+
+    def pool(self, blocks: list[dict[str, float]]) -> dict[str, float]:
+        """The metrics of the union of disjoint blocks of windows, from each block's metrics (token-weighted)."""
+        tokens = [b["tokens"] for b in blocks]
+        return lm_metrics(
+            -sum(b["loss"] * n for b, n in zip(blocks, tokens)), sum(tokens), round(sum(b["accuracy"] * n for b, n in zip(blocks, tokens)))
+        )

@@ -1,0 +1,67 @@
+"""The CLI's remedy options (`--rotate`, `--smooth`, `--calibration`, `--calibration-tokens`), shared by sweep,
+eval and quantize, and the one function that turns them into a linear-site transform."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from quantdiff.cli.validate import refuse_unused
+from quantdiff.core.errors import ConfigError
+
+# Option types only at import time (torch loads when a command runs, not for --help).
+
+RotateOpt = Annotated[Optional[str], typer.Option("--rotate", help="hadamard: quantize each linear layer's input and weight in a Walsh–Hadamard-rotated basis, y = (xH)(WH)ᵀ (QuaRot); block-diagonal with the largest power-of-two block dividing the width. Site linear only.")]
+SmoothOpt = Annotated[Optional[float], typer.Option("--smooth", help="SmoothQuant with migration strength α (0–1; the paper's default 0.5) at site linear: scales from a calibration pass (--calibration), folded into the RMSNorm weights where exact.")]
+CalibrationOpt = Annotated[Optional[str], typer.Option("--calibration", help="Data for --smooth's activation maxima: a text or JSONL file, builtin:corpus-train (the corpus' training split) or builtin:bigram-backcopy (the Bigram-Backcopy generator's calibration seed stream); default: the latter for task bb, else the former. Never the evaluation data.")]
+CalibrationTokensOpt = Annotated[Optional[int], typer.Option("--calibration-tokens", help="Tokens of the calibration pass (default 16384).")]
+
+TEXT_TASKS_ON_HELD_OUT = ("lm", "choice", "retrieval")  # without --data they evaluate on builtin:corpus's held-out text
+
+
+def default_calibration(task: str | None) -> str:
+    from quantdiff.data.sources import BUILTIN_BIGRAM_BACKCOPY, BUILTIN_CORPUS_TRAIN
+
+    return BUILTIN_BIGRAM_BACKCOPY if task == "bb" else BUILTIN_CORPUS_TRAIN
+
+
+def make_transform(
+    rotate: str | None,
+    smooth: float | None,
+    calibration: str | None,
+    calibration_tokens: int | None,
+    task: str | None = None,
+    data: Path | None = None,
+):
+    """The transform the options ask for (None: neither); ConfigError for a mix, an unused option, or calibration
+    data that is the evaluation data (`task`, `data`: the command's evaluation, None when it evaluates nothing)."""
+    from quantdiff.data.sources import BUILTIN_CORPUS, BUILTIN_CORPUS_TRAIN, BUILTINS, check_data_file
+    from quantdiff.quant.smoothing import DEFAULT_CALIBRATION_TOKENS, Calibration
+    from quantdiff.quant.transforms import Smoothing, parse_rotation
+
+    if rotate is not None and smooth is not None:
+        raise ConfigError("--rotate and --smooth are two remedies: choose one")
+    if smooth is None:
+        refuse_unused("without --smooth", calibration=calibration, calibration_tokens=calibration_tokens)
+        return parse_rotation(rotate)
+    source = calibration or default_calibration(task)
+    if source not in BUILTINS:
+        check_data_file(source, "--calibration")
+    if source == BUILTIN_CORPUS and task in TEXT_TASKS_ON_HELD_OUT and data is None:
+        raise ConfigError(f"--calibration {source} is the evaluation data of task {task}: calibrate on {BUILTIN_CORPUS_TRAIN} or a file")
+    if data is not None and source not in BUILTINS and Path(source).resolve() == Path(data).resolve():
+        raise ConfigError("--calibration names the evaluation data (--data): calibrate on other data")
+    tokens = DEFAULT_CALIBRATION_TOKENS if calibration_tokens is None else calibration_tokens
+    if tokens < 1:
+        raise ConfigError(f"--calibration-tokens must be positive, got {tokens}")
+    return Smoothing(Calibration(source, tokens), smooth)
+
+
+def calibration_file(transform) -> list[Path]:
+    """The calibration data file of a transform, if any: an input that outputs must never overwrite."""
+    from quantdiff.data.sources import BUILTINS
+
+    source = getattr(getattr(transform, "calibration", None), "source", None)
+    return [Path(source)] if source is not None and source not in BUILTINS else []

@@ -19,7 +19,7 @@ from quantdiff.models.wheels import WHEEL_MODELS, wheel_model_dir
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"  # the package's data: the shipped models
 # Built-in name → its models (directories under ASSETS/<name>/), in the order reports list them.
-BUILT_IN = {"tiny": ("standard", "diff"), "bb": ("standard", "diff", "diffv2", "standard-sgd")}
+BUILT_IN = {"tiny": ("standard", "diff"), "bb": ("standard", "diff", "diffv2", "gated", "sink", "standard-sgd")}
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # What a model needs: weights (safetensors only, never pickles), configs and tokenizer files.
 HUB_FILES = ["*.safetensors", "*.safetensors.index.json", "*.json", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]

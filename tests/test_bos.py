@@ -50,8 +50,10 @@ def models(tmp_path_factory):
 
 @pytest.fixture
 def held_out(monkeypatch):
-    """The corpus' held-out split replaced by TEXT: builtin sources and tasks run without the corpus installed."""
+    """The corpus' held-out and training splits replaced by TEXT: builtin sources and tasks run without the corpus
+    installed."""
     monkeypatch.setattr(corpus, "held_out_text", lambda: TEXT)
+    monkeypatch.setattr(corpus, "train_text", lambda: TEXT)
 
 
 def _ids(model_dir, text: str) -> list[int]:
@@ -86,7 +88,7 @@ def test_a_recipe_with_bos_wins_over_a_tokenizer_that_adds_none(models, tmp_path
     assert decide_bos(tmp_path / "trained", tokenizer).token_id == tokenizer.bos_token_id
 
 
-@pytest.mark.parametrize("data", ["text.txt", "records.jsonl", "builtin:corpus"])
+@pytest.mark.parametrize("data", ["text.txt", "records.jsonl", "builtin:corpus", "builtin:corpus-train"])
 def test_every_window_of_a_text_source_starts_with_bos_and_holds_seq_len_tokens(models, held_out, data):
     source = data if data.startswith("builtin:") else str(models / data)
     texts = [TEXT] if data != "records.jsonl" else [json.loads(line)["text"] for line in (models / data).read_text().splitlines()]

@@ -67,7 +67,9 @@ def test_calibration_reads_the_linear_inputs_maxima_and_groups(kind, calibration
         assert torch.allclose(calibrated.stats.input_absmax[1, which], expected, rtol=1e-6)
     groups = {(g.layer, g.input): g for g in calibrated.groups}
     assert groups[(0, "attention")].norm == "model.layers.0.input_layernorm"
-    expected_attention = {"q_proj", "k_proj", "v_proj"} | ({"lambda_proj"} if kind == "diffv2" else set())
+    # every linear reading the normed layer input shares its smoothing scales: DIFF V2's λ and the G1 gate too
+    extra = {"diffv2": {"lambda_proj"}, "gated": {"output_gate_proj"}}.get(kind, set())
+    expected_attention = {"q_proj", "k_proj", "v_proj"} | extra
     assert {name.rsplit(".", 1)[1] for name in groups[(0, "attention")].linears} == expected_attention
     assert {name.rsplit(".", 1)[1] for name in groups[(1, "ffn")].linears} == {"gate_proj", "up_proj"}
     assert calibrated.folded and calibrated.record["tokens"] == 96 and calibrated.record["sequences"] == 6

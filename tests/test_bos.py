@@ -102,6 +102,19 @@ def test_every_window_of_a_text_source_starts_with_bos_and_holds_seq_len_tokens(
     assert plain[0] == ids[:SEQ] and 1 not in plain[0]
 
 
+def test_calibration_windows_of_the_training_split_start_with_bos(models, monkeypatch):
+    """builtin:corpus-train (SmoothQuant's default calibration) is cut as the evaluation's text is: BOS, then
+    SEQ - 1 tokens of the stream."""
+    from quantdiff.data.sources import load_sequences
+
+    monkeypatch.setattr(corpus, "train_text", lambda: TEXT)
+    ids = _ids(models / "adds", TEXT)
+    tokenize = lambda text: _ids(models / "adds", text)  # noqa: E731
+    rows = load_sequences("builtin:corpus-train", tokenize, 3 * SEQ, SEQ, 512, bos_id=1)
+    assert rows[:2] == [[1] + ids[: SEQ - 1], [1] + ids[SEQ - 1 : 2 * SEQ - 2]]
+    assert load_sequences("builtin:corpus-train", tokenize, 3 * SEQ, SEQ, 512)[0] == ids[:SEQ]  # no BOS: SEQ text tokens
+
+
 def test_retrieval_documents_start_with_bos(models, held_out):
     rows = _rows(models / "adds", "builtin:retrieval", tokens=512, seq_len=256)  # four needles need about 170 tokens
     assert sum(map(len, rows)) == 512 and all(r[0] == 1 and 1 not in r[1:] and len(r) <= 256 for r in rows)

@@ -133,7 +133,7 @@ def test_quiet_pair_info_and_quantize_print_nothing_and_their_json_holds_the_res
     assert doc["schema"] == "quantdiff.quantize" and doc["quantization"].items() <= written.items() and doc["eval"] is None
     assert (doc["quantization"]["method"], doc["quantization"]["bits"]) == ("absmax", 4)
     assert doc["bytes"]["export"] == os.path.getsize(tmp_path / "w4" / "model.safetensors")
-    assert len(doc["modules"]) == 2 * 7 and doc["skipped"] == ["lm_head"]  # q, k, v, o, gate, up, down per layer
+    assert len(doc["quantization"]["modules"]) == 2 * 7 and doc["quantization"]["skipped_modules"] == ["lm_head"]  # q, k, v, o, gate, up, down per layer
 
 
 def test_quiet_sweep_eval_and_stats_print_nothing_but_write_their_json(tmp_path, capsys, monkeypatch):

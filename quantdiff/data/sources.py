@@ -238,7 +238,7 @@ def _builtin(source: str, tokenize: Tokenize | None, tokens: int, seq_len: int, 
         return load().calibration_rows(-(-tokens // seq_len), seq_len).tolist()
     tokenize = _need(tokenize, source)
     if source == BUILTIN_CORPUS_TRAIN:
-        return _windows(_chunks(train_text()), tokenize, tokens, seq_len)
+        return _windows(_chunks(train_text()), tokenize, tokens, seq_len, prefix)
     text = held_out_text()
     if source == BUILTIN_CORPUS:
         return _windows(_chunks(text), tokenize, tokens, seq_len, prefix)

@@ -101,8 +101,7 @@ def quantize(
         console.print(line)
     evaluated = _evaluate(sources[0], out, task, tokenizer, limit, trust_remote_code, console) if task is not None else None
     write_result(json_path, "quantize", {
-        "model": model, "out": str(out), "format": export_format, "quantization": summary.description,
-        "modules": summary.modules, "skipped": summary.skipped,
+        "model": model, "out": str(out), "format": export_format, "quantization": summary.description,  # modules, skipped_modules too
         "bytes": {"export": summary.out_bytes, "source": summary.source_bytes, "quantized_weights": summary.quantized_bytes,
                   "quantized_weights_bf16": summary.quantized_bf16_bytes},
         "eval": evaluated,

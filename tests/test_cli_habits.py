@@ -12,41 +12,13 @@ import typer
 
 from quantdiff.cli.app import COMMANDS, build_app, main
 from quantdiff.cli.options import JSON_HELP, QUIET_HELP
+from test_bigram_backcopy import MICRO as BB_MICRO
 
 TEXT = "the river ran past the mill and the lantern lit the garden while a letter waited by the window " * 40
 # Options several commands take that must be explained with the same words wherever they appear.
 SAME_EVERYWHERE = ("--quiet", "--json", "--device", "--bos", "--revision")
-MICRO_BB = """
-[data]
-corpus = "bigram-backcopy"
-retrieval_fraction = 0.0
-[model]
-hidden_size = 16
-num_layers = 1
-num_heads = 2
-vocab_size = 83
-max_position_embeddings = 16
-[train]
-steps = 2
-batch_size = 4
-seq_len = 16
-warmup_steps = 1
-bos = true
-device = "cpu"
-checkpoint_every = 2
-eval_every = 2
-eval_batches = 1
-outlier_sequences = 2
-[tasks]
-lm_tokens = 64
-bb_sequences = 4
-[analysis]
-stats_tokens = 64
-seq_len = 16
-bits = [4]
-methods = ["absmax"]
-sites = ["linear"]
-"""
+# test_bigram_backcopy's micro recipe (four arms, four steps), measured at one cell.
+MICRO_BB = BB_MICRO + '[analysis]\nstats_tokens = 64\nseq_len = 16\nbits = [4]\nmethods = ["absmax"]\nsites = ["linear"]\n'
 
 
 @pytest.fixture(autouse=True)
@@ -164,10 +136,10 @@ def test_a_json_result_never_lands_in_what_the_command_writes_or_reads(tmp_path,
 
 def test_quiet_train_and_reproduce_print_nothing_and_their_json_names_what_they_wrote(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "micro.toml").write_text(MICRO_BB + '[[arms]]\nname = "standard"\nkind = "standard"\n[[arms]]\nname = "diff"\nkind = "diff"\n')
+    (tmp_path / "micro.toml").write_text(MICRO_BB)
     assert _run(capsys, "train", "micro.toml", "--out", "runs", "--quiet", "--json", "t.json") == ("", "")
     runs = json.loads((tmp_path / "t.json").read_text())
-    assert runs["schema"] == "quantdiff.train" and [r["arm"] for r in runs["runs"]] == ["standard", "diff"]
+    assert runs["schema"] == "quantdiff.train" and [r["arm"] for r in runs["runs"]] == ["standard", "diff", "diffv2", "standard-sgd"]
     for record in runs["runs"]:
         log = json.loads((tmp_path / record["path"] / "train_log.json").read_text())
         assert record["held_out_loss"] == log["held_out_loss"] and record["parameters"] == log["parameters"]

@@ -115,7 +115,7 @@ def test_cli_sweep_writes_json_and_plot(trained_pair, tmp_path, capsys):
         "--json", out / "sweep.json", "--plot", out / "sweep.png", "--quiet",
     )  # fmt: skip
     assert code == 0, stderr
-    assert "skipped llm-int8 at site logits" in stderr and "task: lm" in stdout
+    assert "skipped llm-int8 at site logits" in stderr and stdout == ""  # --quiet: notes and warnings only
     cells = json.loads((out / "sweep.json").read_text())["cells"]
     assert len(cells) == 2 * (1 + 2 + 2 + 2)  # reference, absmax@logits, absmax@qk, llm-int8@qk at 8 and 4 bits
     reference = cells[0]

@@ -89,8 +89,9 @@ def build_app() -> "typer.Typer":
 
     app = typer.Typer(
         name="quantdiff",
-        help="Where are a model's activation outliers, and how many bits does it survive? "
-        "Differential vs standard Transformers (arXiv 2410.05258).",
+        help="Where are a model's activation outliers, and how many bits does it survive?\n\n"
+        "Differential Transformers (arXiv 2410.05258) and standard ones side by side; each command's --help says what "
+        "it answers and every option it takes.",
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         add_completion=False,

@@ -93,12 +93,12 @@ def run_prepared(
 
 def report(
     cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool, sources: dict[str, dict | None] | None = None,
-    bos: dict[str, BosChoice] | None = None, force: bool = False,
+    bos: dict[str, BosChoice] | None = None, force: bool = False, stderr: bool = False,
 ) -> None:
-    """Print the cells as a table (and a warning on stderr, even when quiet, per invalid cell), with a line per model
-    saying what opened its sequences; write them as JSON if asked, with each model's `sources` and `bos` records
-    (`-`: to stdout, the table then to stderr); an existing JSON file is replaced only if quantdiff wrote it, or
-    with `force`."""
+    """Print the cells as a table unless `quiet` (a warning on stderr, even when quiet, per invalid cell), with a
+    line per model saying what opened its sequences; write them as JSON if asked, with each model's `sources` and
+    `bos` records (`-`: to stdout, the table then to stderr, as with `stderr`); an existing JSON file is replaced
+    only if quantdiff wrote it, or with `force`."""
     from quantdiff.report.console import table_console, warn
     from quantdiff.report.sweep_report import invalid_reason, sweep_table
 
@@ -107,11 +107,11 @@ def report(
             warn(f"{cell.model} · {cell_label(cell)}: {invalid_reason(cell)}; its metrics are null")
     table = sweep_table(cells, task.metrics, task.headline, title=f"task: {task.name}")
     to_stdout = str(json_path) == STDOUT
-    out = table_console(table, highlight=False, stderr=to_stdout)  # piped: whole rows, not rich's 80 columns
+    out = table_console(table, highlight=False, stderr=to_stdout or stderr, quiet=quiet)  # piped: whole rows, not rich's 80 columns
     out.print(table)
     for name, choice in (bos or {}).items():
         out.print(describe_bos(name, choice.to_dict()), soft_wrap=True)
     if json_path is not None:
         write_json(json_path, cells_to_json(cells, sources, {name: choice.to_dict() for name, choice in (bos or {}).items()}), indent=2, force=force)
-        if not quiet and not to_stdout:
+        if not to_stdout:
             out.print(f"json -> {json_path}")

@@ -123,7 +123,7 @@ def measure_arms(recipe: Recipe, specs: list[tuple[str, Path]], tasks: list, opt
         configs = plan.configs if task.name in PER_TOKEN_TASKS else attention_plan.configs
         console.print(f"sweep: task {task.name}, {len(configs) + 1} cells per model")
         prepared = prepare_models(specs, task, None, device=options.device)
-        task_cells = run_prepared(prepared, task, configs, options.device, quiet=False)
+        task_cells = run_prepared(prepared, task, configs, options.device, quiet=console.quiet)  # --quiet: no bars
         bos.update({model.name: model.bos.to_dict() for model in prepared})
         if plots:
             plot_sweep(cell_points(task_cells, task.headline), out / f"sweep_{task.name}.png", task.headline, f"{task.name}: {task.headline} vs bits")

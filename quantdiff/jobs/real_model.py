@@ -125,6 +125,7 @@ def measure_target(target: str, device: str | None, console, plan: RealModelPlan
     from quantdiff.models.loading import load_tokenizer
     from quantdiff.models.names import resolve
     from quantdiff.quant.checkpoint import load
+    from quantdiff.report.console import warn
 
     try:
         (path,) = resolve(target)
@@ -132,11 +133,14 @@ def measure_target(target: str, device: str | None, console, plan: RealModelPlan
         model = load(path, device=device)
         plan = fitted(plan_for(target, plan), model)
         console.print(f"real model: {target} ({path})")
-        with task_bars(False, transient=True) as progress:
+        with task_bars(console.quiet, transient=True) as progress:
             doc = measure(model, tokenizer, target, str(path), plan, progress)
     except QuantdiffError as exc:
-        # One line whatever the width; markup off so that brackets in a path or message are printed as they are.
-        console.print(f"real model {target!r} not measured: {exc}", style="yellow", markup=False, soft_wrap=True)
+        line = f"real model {target!r} not measured: {exc}"
+        if console.quiet:  # --quiet silences status lines, never a warning
+            warn(line)
+        else:  # one line whatever the width; markup off so that brackets in a path or message are printed as they are
+            console.print(line, style="yellow", markup=False, soft_wrap=True)
         return {"model": target, "skipped": str(exc)}
     return doc
 

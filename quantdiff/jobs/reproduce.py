@@ -26,11 +26,8 @@ def reproduce(options: ReproduceOptions, console) -> Path:
     path of report.md."""
     from quantdiff.jobs.reproduce_seeds import multi_seed_report
     from quantdiff.jobs.trained_runs import find_runs
-    from quantdiff.models.inputs import given_paths
 
-    # Every path the run reads (a recipe file, --real-model's models) is an input the report may not touch.
-    real_models = [name.strip() for name in (options.real_model or "").split(",") if name.strip()]
-    read = given_paths(options.target) + [path for name in real_models for path in given_paths(name)]
+    read = given_inputs(options)
     check_target(options.out, options.force, read, flag="--out", kind="report")  # before any training or loading
     trained = find_runs(options.target, console)
     read += list(trained.dirs)
@@ -43,6 +40,15 @@ def reproduce(options: ReproduceOptions, console) -> Path:
         else:
             _single_seed_report(trained, tasks, options, tmp, Path(scratch), console, started)
     return options.out / "report.md"
+
+
+def given_inputs(options: ReproduceOptions) -> list[Path]:
+    """Every path the run is given to read (a recipe file, a training directory, --real-model's models): inputs
+    no output may touch. The trained models it finds are added once found."""
+    from quantdiff.models.inputs import given_paths
+
+    real_models = [name.strip() for name in (options.real_model or "").split(",") if name.strip()]
+    return given_paths(options.target) + [path for name in real_models for path in given_paths(name)]
 
 
 def _single_seed_report(trained, tasks: list, options: ReproduceOptions, tmp: Path, scratch: Path, console, started: float) -> None:

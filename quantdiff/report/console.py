@@ -18,10 +18,11 @@ def table_console(*renderables, stderr: bool = False, **kwargs) -> Console:
     return Console(stderr=stderr, width=width, **kwargs)
 
 
-def line_console(stderr: bool = False) -> Console:
+def line_console(stderr: bool = False, quiet: bool = False) -> Console:
     """A Console for status lines: soft wrap, so that a line is never broken where a pipe or a narrow terminal
-    would make rich wrap it (80 columns off a terminal), and no highlighting of numbers and paths."""
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    would make rich wrap it (80 columns off a terminal), and no highlighting of numbers and paths; `quiet`
+    (--quiet) prints nothing."""
+    return Console(stderr=stderr, quiet=quiet, highlight=False, soft_wrap=True)
 
 
 def warn(text: str) -> None:

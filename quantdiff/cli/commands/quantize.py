@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from quantdiff.cli.options import JsonOpt, QuietOpt, RevisionOpt
 from quantdiff.cli.transform_options import CalibrationOpt, CalibrationTokensOpt, RotateOpt, SmoothOpt
 
 
@@ -32,12 +33,16 @@ def quantize(
     context: Annotated[Optional[int], typer.Option("--context", help="Tokens per window (lm) or document (retrieval) for --eval.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="--eval on the first N items only.")] = None,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept decoder layers without an nn.Linear to quantize.")] = False,
-    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit); only for a hub id MODEL (an error otherwise).")] = None,
+    revision: RevisionOpt = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code and keep it (*.py, auto_map) in the export, which records this; off by default: the export carries no code.")] = False,
+    json_path: JsonOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
-    """Quantize the linear weights inside the decoder layers and write a complete model directory (or, with --format gguf, one GGUF file)."""
-    from quantdiff.report.console import line_console
+    """Save a quantized copy of a model that loads back exactly (quantdiff, bitsandbytes, compressed-tensors, GGUF).
 
+    The linear weights inside the decoder layers are quantized and written as a complete model directory (with
+    --format gguf, one GGUF file); with --eval, the source and the reloaded export are scored side by side."""
+    from quantdiff.cli.output import check_json, result_console, write_result
     from quantdiff.cli.task_options import check_limit, make_cli_task
     from quantdiff.cli.transform_options import calibration_file, make_transform
     from quantdiff.cli.validate import check_positive, refuse_unused
@@ -46,7 +51,6 @@ def quantize(
     from quantdiff.models.inputs import model_inputs
     from quantdiff.models.loading import load_tokenizer
     from quantdiff.models.names import resolve
-    from quantdiff.models.source import describe_source
     from quantdiff.quant.export import export_quantized
     from quantdiff.quant.gguf_export import export_gguf
     from quantdiff.quant.formats import parse_export
@@ -79,8 +83,10 @@ def quantize(
     sources = resolve(model, revision)
     if len(sources) != 1:
         raise LoadError(f"{model!r} names {len(sources)} models; quantize one at a time (e.g. {model}/diff)")
+    inputs = model_inputs([model], sources) + ([data] if data else []) + calibration_file(transform)
     if not gguf:  # a GGUF file's target is checked by export_gguf
-        check_target(out, force, model_inputs([model], sources) + ([data] if data else []) + calibration_file(transform), flag="--out", kind="export")
+        check_target(out, force, inputs, flag="--out", kind="export")
+    check_json(json_path, inputs, force, [("--out", out)])
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
     tokenizer = load_tokenizer(sources[0]) if task is not None else None
     if gguf:
@@ -90,40 +96,55 @@ def quantize(
             sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial,
             trust_remote_code=trust_remote_code, transform=transform,
         )
-    console = line_console()
+    console = result_console(json_path, quiet)
+    for line in summary_lines(summary, trust_remote_code, attention):
+        console.print(line)
+    evaluated = _evaluate(sources[0], out, task, tokenizer, limit, trust_remote_code, console) if task is not None else None
+    write_result(json_path, "quantize", {
+        "model": model, "out": str(out), "format": export_format, "quantization": summary.description,  # modules, skipped_modules too
+        "bytes": {"export": summary.out_bytes, "source": summary.source_bytes, "quantized_weights": summary.quantized_bytes,
+                  "quantized_weights_bf16": summary.quantized_bf16_bytes},
+        "eval": evaluated,
+    }, force)
+
+
+def summary_lines(summary, trust_remote_code: bool, attention) -> list[str]:
+    """What an export holds, one line each: format, scale rule, source, sizes, modules, kept code, remedies, attention."""
+    from quantdiff.models.source import describe_source
+
     d = summary.description
-    console.print(f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}")
+    lines = [f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}"]
     if "scale_rule" in d:
-        console.print(f"scale rule: {d['scale_rule']}")
+        lines.append(f"scale rule: {d['scale_rule']}")
     if d.get("source") is not None:
-        console.print(f"source: {describe_source(d['source'])} (the dequantized weights are what was quantized)")
-    console.print(
+        lines.append(f"source: {describe_source(d['source'])} (the dequantized weights are what was quantized)")
+    lines.append(
         f"size {summary.out_bytes / 1e6:.2f} MB vs {summary.source_bytes / 1e6:.2f} MB source ({summary.size_ratio:.2f}×); "
         f"quantized weights {summary.quantized_bytes / summary.quantized_bf16_bytes:.2f}× their bf16 size"
     )
-    console.print(f"modules quantized: {len(summary.modules)}; skipped (kept in {d['dtype']}): {', '.join(summary.skipped) or 'none'}")
+    lines.append(f"modules quantized: {len(summary.modules)}; skipped (kept in {d['dtype']}): {', '.join(summary.skipped) or 'none'}")
     if trust_remote_code:
-        console.print("kept the model's own code (*.py, auto_map), recorded as trust_remote_code")
+        lines.append("kept the model's own code (*.py, auto_map), recorded as trust_remote_code")
     recorded = d.get("transform")
     if recorded is not None:
         rotated = recorded["name"] == "hadamard"
         how = "rotated (hadamard; the loader rotates the inputs again)" if rotated else f"smoothed (α {recorded['alpha']:g}, folded into the norms)"
-        console.print(f"weights written {how}")
+        lines.append(f"weights written {how}")
     if attention is not None:
         a = attention.to_dict()
-        console.print(f"attention recorded: {a['method']['name']} {a['method']['bits']}-bit at site {a['site']['name']} (re-applied on load)")
-    if task is not None:
-        _evaluate(sources[0], out, task, tokenizer, limit, trust_remote_code)
+        lines.append(f"attention recorded: {a['method']['name']} {a['method']['bits']}-bit at site {a['site']['name']} (re-applied on load)")
+    return lines
 
 
-def _evaluate(source: Path, out: Path, task, tokenizer, limit: int | None, trust_remote_code: bool) -> None:
+def _evaluate(source: Path, out: Path, task, tokenizer, limit: int | None, trust_remote_code: bool, console) -> dict:
     """The task on the source model and on the export as quantdiff reloads it (a GGUF file through transformers'
-    GGUF loader), one model in memory at a time."""
+    GGUF loader), one model in memory at a time; printed as a table (unless the console is quiet) and returned as
+    a sweep document (cells "source" and "quantized")."""
     from quantdiff.api import load as load_any
+    from quantdiff.eval.sweep import cells_to_json, run_sweep
     from quantdiff.jobs.evaluate import report
-    from quantdiff.eval.sweep import run_sweep
-    from quantdiff.quant.checkpoint import load
     from quantdiff.models.bos import decide_bos
+    from quantdiff.quant.checkpoint import load
 
     bos = decide_bos(source, tokenizer)  # both as the source model was trained
     cells = []
@@ -131,4 +152,5 @@ def _evaluate(source: Path, out: Path, task, tokenizer, limit: int | None, trust
         model = load_model()
         cells.extend(run_sweep({name: (model, tokenizer)}, task, [], limit, bos_ids={name: bos.token_id}))
         del model
-    report(cells, task, None, quiet=True, bos={"source": bos, "quantized": bos})
+    report(cells, task, None, quiet=console.quiet, bos={"source": bos, "quantized": bos}, stderr=console.stderr)
+    return cells_to_json(cells, bos={name: bos.to_dict() for name in ("source", "quantized")})

@@ -7,28 +7,32 @@ from typing import Annotated, Optional
 
 import typer
 
+from quantdiff.cli.options import MODELS_HELP, BosOpt, DeviceOpt, FileForceOpt, JsonOpt, PartialOpt, QuietOpt, RemoteOpt
+
 
 def stats(
-    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files (statistics of the dequantized model), built-in names ('tiny' = its standard and diff models; 'smollm2', 'gemma3': real GGUF models) or hub ids (org/name, org/name@revision).")],
+    models: Annotated[list[str], typer.Argument(help=MODELS_HELP)],
     data: Annotated[str, typer.Option(help="UTF-8 text file, JSONL with 'text' or 'input_ids', builtin:corpus or builtin:retrieval.")] = "builtin:corpus",
     tokens: Annotated[int, typer.Option(help="Total tokens to observe per model.")] = 65536,
     seq_len: Annotated[Optional[int], typer.Option(help="Sequence length (default: min(1024, the model's positions)).")] = None,
     batch_size: Annotated[int, typer.Option(help="Sequences per forward pass.")] = 4,
     top_k: Annotated[int, typer.Option(help="Largest values kept, with locations, per layer/head/model.")] = 100,
     tile_size: Annotated[int, typer.Option(help="Key tile of the logits pass (memory ∝ seq_len × tile); 0 = one tile.")] = 512,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 … (default: CUDA if available).")] = None,
+    device: DeviceOpt = None,
     per_layer: Annotated[bool, typer.Option("--per-layer", help="Also print per-layer tables.")] = False,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every statistic to this JSON file; '-' writes it to stdout (tables then go to stderr).")] = None,
+    json_path: JsonOpt = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write PNG plots (per-layer Top-1, |x| CCDF) into this directory.")] = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Fuse per-element statistics with torch.compile (default: on CUDA only).")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar and no tables.")] = False,
-    allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Accept models where some attention module or decoder layer is never reached (recorded in the JSON's coverage).")] = False,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default; recorded in the JSON).")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace existing output files that quantdiff did not write (it replaces its own without asking).")] = False,
-    bos: Annotated[str, typer.Option("--bos", help="BOS first in every sequence cut from text: auto (as each model was trained: its recipe, its GGUF file's add_bos_token, else its tokenizer), always, never. input_ids records stay as given. Recorded in the JSON.")] = "auto",
+    quiet: QuietOpt = False,
+    allow_partial: PartialOpt = False,
+    trust_remote_code: RemoteOpt = False,
+    force: FileForceOpt = False,
+    bos: BosOpt = "auto",
 ) -> None:
-    """Largest |attention logits| and |hidden states| (Top-1 … Top-100, median) with where they occur.
+    """Where are a model's activation outliers, and how large are they?
 
+    The paper's Table 5, exact: Top-1 … Top-100 and median of |attention logits| and |hidden states| with where
+    each occurs, the massive activation, attention sinks and LLM.int8 outlier features, models side by side.
     Runs unchanged under `torchrun --nproc-per-node N`: ranks split the batches, rank 0 merges and writes.
     """
     from quantdiff.cli.validate import refuse_unused

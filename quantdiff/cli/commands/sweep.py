@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from quantdiff.cli.options import MODELS_HELP, BosOpt, DeviceOpt, FileForceOpt, JsonOpt, PartialOpt, QuietOpt, RemoteOpt
 from quantdiff.cli.transform_options import CalibrationOpt, CalibrationTokensOpt, RotateOpt, SmoothOpt
 
 TASK_HELP = "Task: choice (HellaSwag-format multiple choice), lm (held-out loss/accuracy), retrieval (multi-needle), bb (Bigram-Backcopy accuracy; models trained on it)."
@@ -22,17 +23,10 @@ NeedlesOpt = Annotated[Optional[int], typer.Option("--needles", help="Needles pe
 DepthOpt = Annotated[Optional[float], typer.Option("--depth", help="Depth in [0, 1] of every needle (0 = start of the filler, 1 = its end); default: random per needle.")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed of the generated data (cloze set, needle documents); default 0.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
-DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 … (default: CUDA if available).")]
-JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the cells as JSON (an object with a list `cells`); '-' writes it to stdout (the table then goes to stderr).")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing output files that quantdiff did not write (it replaces its own without asking).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; print only the result.")]
-PartialOpt = Annotated[bool, typer.Option("--allow-partial", help="Accept models where some attention module or decoder layer is never reached.")]
-RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model's own Python code (off by default).")]
-BosOpt = Annotated[str, typer.Option("--bos", help="BOS first in every sequence: auto (as each model was trained: its recipe, its GGUF file's add_bos_token, else its tokenizer), always, never. Recorded in the JSON.")]
 
 
 def sweep(
-    models: Annotated[list[str], typer.Argument(help="Model directories, GGUF files (dequantized), built-in names ('tiny' = the shipped standard and Diff pair; 'smollm2', 'gemma3': real GGUF models) or hub ids (org/name, org/name@revision).")],
+    models: Annotated[list[str], typer.Argument(help=MODELS_HELP)],
     task: TaskOpt = "choice",
     bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
     method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",
@@ -56,10 +50,13 @@ def sweep(
     quiet: QuietOpt = False,
     allow_partial: PartialOpt = False,
     trust_remote_code: RemoteOpt = False,
-    force: ForceOpt = False,
+    force: FileForceOpt = False,
     bos: BosOpt = "auto",
 ) -> None:
-    """Accuracy under quantization: the unquantized reference plus every (method, bits, site) cell, per model."""
+    """How much accuracy does a model lose at each bit width, method and site?
+
+    The paper's Figure 8: the task's metrics unquantized and for every (method, bits, site) cell, models side by
+    side, as a table, JSON and a chart."""
     from quantdiff.report.console import line_console
 
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
@@ -129,10 +126,12 @@ def evaluate(
     quiet: QuietOpt = False,
     allow_partial: PartialOpt = False,
     trust_remote_code: RemoteOpt = False,
-    force: ForceOpt = False,
+    force: FileForceOpt = False,
     bos: BosOpt = "auto",
 ) -> None:
-    """One cell: the task's metrics for MODEL, unquantized or with one quantization configuration."""
+    """How well does a model do on a task, unquantized or quantized one way?
+
+    One cell of the sweep: the task's metrics for MODEL, unquantized, or with --bits (and --method, --site)."""
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
     from quantdiff.cli.transform_options import calibration_file, make_transform
     from quantdiff.cli.validate import check_group_option

@@ -8,18 +8,29 @@ from typing import Annotated
 
 import typer
 
+from quantdiff.cli.options import JsonOpt, QuietOpt
+
+# What the --json result repeats of each arm's train_log.json (the whole log stays beside the model).
+LOG_FIELDS = ("kind", "parameters", "steps", "tokens", "held_out_loss", "unigram_entropy", "final_train_loss", "wall_time_s")
+
 
 def train(
     recipe: Annotated[str, typer.Argument(help="Recipe file, or a recipe name such as 'tiny'.")],
     out: Annotated[Path | None, typer.Option(help="Where the models go (OUT/<arm>: OUT/standard, OUT/diff by default; a recipe listing seeds: OUT/seed-<s>/<arm>); default runs/<recipe name>.")] = None,
-    force: Annotated[bool, typer.Option(help="Retrain from scratch: ignore checkpoints and replace existing models (every seed).")] = False,
+    force: Annotated[bool, typer.Option(help="Retrain from scratch: ignore checkpoints and replace existing models (every seed), and an existing --json file.")] = False,
     jobs: Annotated[int, typer.Option("--jobs", help="Seeds trained at once, in worker processes sharing the CPU threads (each seed's output in OUT/seed-<s>/train_output.txt).")] = 1,
+    json_path: JsonOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
-    """Train every arm (by default standard and Diff) on the same batches in the same order, for each seed of the recipe; an interrupted run resumes from its last checkpoint and leaves finished seeds as they are."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # busy-waiting OpenMP threads stall CPU steps for seconds
-    from quantdiff.report.console import line_console
+    """Train models that differ only in their attention, to compare them fairly.
 
+    Every arm of the recipe (by default standard and Diff) is trained on the same batches in the same order, for
+    each seed of the recipe; an interrupted run resumes from its last checkpoint and leaves finished seeds as they
+    are."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # busy-waiting OpenMP threads stall CPU steps for seconds
+    from quantdiff.cli.output import check_json, result_console, write_result
     from quantdiff.cli.validate import check_positive
+    from quantdiff.report.console import line_console
     from quantdiff.train.guards import check_out
     from quantdiff.train.recipe import load_recipe
     from quantdiff.train.seeds import run_dirs, train_seeds
@@ -34,5 +45,19 @@ def train(
         check_out(out, (), sources)
     for directory in dirs.values():
         check_out(directory, parsed.arm_names, sources)
-    runs = train_seeds(parsed, out, force=force, jobs=jobs)
-    line_console().print("models saved: " + "  ".join(str(p) for paths in runs.values() for p in paths.values()))
+    check_json(json_path, sources, force, [("the arm directory", d / arm) for d in dirs.values() for arm in parsed.arm_names])
+    runs = train_seeds(parsed, out, force=force, jobs=jobs, console=line_console(stderr=True, quiet=quiet))  # progress: stderr
+    result_console(json_path, quiet).print("models saved: " + "  ".join(str(p) for paths in runs.values() for p in paths.values()))
+    write_result(json_path, "train", {"recipe": parsed.name, "out": str(out), "runs": _run_records(runs)}, force)
+
+
+def _run_records(runs: dict[int, dict[str, Path]]) -> list[dict]:
+    """One record per seed and arm: where its model is and the headline figures of its train_log.json."""
+    import json
+
+    records = []
+    for seed, paths in runs.items():
+        for arm, path in paths.items():
+            log = json.loads((path / "train_log.json").read_text(encoding="utf-8"))
+            records.append({"seed": seed, "arm": arm, "path": str(path), **{key: log.get(key) for key in LOG_FIELDS}})
+    return records

@@ -309,7 +309,20 @@ def test_exports_carry_code_only_when_trusted(tmp_path, trusted):
     assert tree_hashes(src) == source_hashes
 
 
-def test_ctrl_c_while_the_export_is_written_waits_for_the_write_then_leaves_nothing(tmp_path, monkeypatch):
+@pytest.fixture
+def python_sigint():
+    """Python's own Ctrl-C handler for the test, also when pytest was started with SIGINT ignored (nohup, `&`)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _default_sigint() -> None:
+    """A child's SIGINT back to its default before exec, so Python installs its handler whatever ignored it here."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_while_the_export_is_written_waits_for_the_write_then_leaves_nothing(tmp_path, monkeypatch, python_sigint):
     """The interrupt is held while safetensors and torch write and verify (inside their C++ code it became a
     TypeError about 'UntypedStorage'), then raised: the temporary goes, nothing appears under --out."""
     import quantdiff.quant.export as export
@@ -380,7 +393,7 @@ def test_a_signal_gives_its_exit_code_one_line_and_no_output(tmp_path, point, si
     args = ["stats", str(src), "--tokens", "512", "--batch-size", "1", "--seq-len", "64", "--quiet",
             "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path / "plots")]
     proc = subprocess.Popen([sys.executable, "-c", SIGNAL_DRIVER, point, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_sigint)
     try:
         assert proc.stdout.readline().strip() == "READY"
         proc.send_signal(signum)

@@ -15,7 +15,7 @@ then writes report.md, summary.json and plots (`quantdiff.report.remedies`), man
 wall times) and commands.txt into OUT, atomically (a temporary sibling renamed at the end).
 
     OMP_WAIT_POLICY=PASSIVE python scripts/remedies.py --out results/remedies --force
-    python scripts/remedies.py --out OUT --lm none --bb runs/bb-seeds/seed-*/standard runs/bb-seeds/seed-*/diff
+    python scripts/remedies.py --out OUT --lm none --bb runs/bb/seed-*/standard runs/bb/seed-*/diff
 """
 
 from __future__ import annotations

@@ -12,20 +12,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-# t(0.975, df) for df = 1 … 30 (standard tables); beyond, Hill's (1970) expansion is within 1e-3.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-_Z975 = 1.959964
-
-
-def t_quantile_975(df: int) -> float:
-    """The 0.975 quantile of Student's t with `df` degrees of freedom (df ≥ 1)."""
-    if df < 1:
-        raise ValueError(f"a t quantile needs at least one degree of freedom, got {df}")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = _Z975
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+from quantdiff.across_seeds.distributions import t_quantile
 
 
 @dataclass(frozen=True)
@@ -57,7 +44,7 @@ def half_width(values: Sequence[float]) -> float | None:
     """t(0.975, n − 1) · sd / √n of `values`; None for fewer than two."""
     if len(values) < 2:
         return None
-    return t_quantile_975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def over_seeds(values: Sequence[float]) -> Estimate:

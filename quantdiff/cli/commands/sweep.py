@@ -132,11 +132,11 @@ def evaluate(
     """How well does a model do on a task, unquantized or quantized one way?
 
     One cell of the sweep: the task's metrics for MODEL, unquantized, or with --bits (and --method, --site)."""
-    from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
+    from quantdiff.cli.output import check_json
+    from quantdiff.cli.task_options import check_limit, make_cli_task
     from quantdiff.cli.transform_options import calibration_file, make_transform
     from quantdiff.cli.validate import check_group_option
     from quantdiff.core.device import resolve_device
-    from quantdiff.core.outputs import check_outputs
     from quantdiff.core.errors import ConfigError
     from quantdiff.jobs.evaluate import prepare_models, report, run_prepared
     from quantdiff.models.bos import check_mode
@@ -155,8 +155,7 @@ def evaluate(
     check_limit(limit)
     check_mode(bos)
     specs = resolve_models([model])
-    check_outputs({"--json": json_path}, model_inputs([model], [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform))
-    check_output(json_path, None, force, "--json")
+    check_json(json_path, model_inputs([model], [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform), force)
     prepared = prepare_models(specs, the_task, limit, bos, target, trust_remote_code)
     cells = run_prepared(
         prepared, the_task, configs, target, quiet or str(json_path) == "-", include_reference=bits is None,

@@ -20,12 +20,15 @@ import pytest
 import torch
 from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaAttention
 
 import quantdiff.attention.backend as attention
 from quantdiff.core.errors import QuantdiffError
 from quantdiff.data.sources import Batch
 from quantdiff.models.llama_variant import VariantAttention
 from quantdiff.models.loading import prepare
+from quantdiff.models.sink import EAGER_WITH_SINKS, SinkAttention
 from quantdiff.stats.collect import collect_stats
 from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR
 
@@ -141,9 +144,15 @@ class _Capture:
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         self.logits[module.layer_idx] = torch.matmul(query, key_all.transpose(2, 3)).float() * scaling
         self.valid[module.layer_idx] = attention_mask > torch.finfo(attention_mask.dtype).min / 2  # eager: always a full mask
-        # the family's own semantics: its modeling module's eager attention (quantdiff's own kinds name theirs `eager`)
-        own = module.eager if isinstance(module, VariantAttention) else sys.modules[type(module).__module__].eager_attention_forward
-        return own(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        return _own_eager(module)(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+
+def _own_eager(module):
+    """The family's own semantics: its modeling module's eager attention. quantdiff's kinds run LLaMA's forward, so
+    LLaMA's, except the sink kind's registered eager with sinks."""
+    if isinstance(module, SinkAttention):
+        return ALL_ATTENTION_FUNCTIONS[EAGER_WITH_SINKS]
+    return sys.modules[(LlamaAttention if isinstance(module, VariantAttention) else type(module)).__module__].eager_attention_forward
 
 
 def _captured_abs_logits(model, ids, mask) -> torch.Tensor:

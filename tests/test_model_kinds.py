@@ -24,6 +24,7 @@ import quantdiff
 from quantdiff.data.sources import Batch
 from quantdiff.models import structure
 from quantdiff.models.pairs import added_parameter_count, build_pair, parameter_count
+from quantdiff.models.sink import EAGER_WITH_SINKS
 from quantdiff.stats.collect import collect_stats
 
 KINDS = ("gated", "sink")
@@ -70,7 +71,7 @@ def test_model_equals_the_equations_and_mutations_do_not(models, ids, kind):
     model = models[kind]
     as_trained = build_pair(PRESET, kinds=(kind,))[kind].eval()  # on what training uses: SDPA, eager for the sinks
     as_trained.load_state_dict(model.state_dict())
-    assert as_trained.config._attn_implementation == {"gated": "sdpa", "sink": "eager"}[kind]
+    assert as_trained.config._attn_implementation == {"gated": "sdpa", "sink": EAGER_WITH_SINKS}[kind]
     for runner in (model, on_backend(model), as_trained):
         assert _gap(runner, ids) <= 1e-5
     mutations = {
@@ -187,7 +188,7 @@ def test_sdpa_is_refused_by_name_for_the_sink_kind(models, tmp_path):
     model.save_pretrained(tmp_path / "sink")
     with pytest.raises(ValueError, match="scaled_dot_product_attention"):
         AutoModelForCausalLM.from_pretrained(tmp_path / "sink", attn_implementation="sdpa")
-    assert AutoModelForCausalLM.from_pretrained(tmp_path / "sink").config._attn_implementation == "eager"  # the default
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "sink").config._attn_implementation == EAGER_WITH_SINKS  # the default: eager, with sinks
 
 
 def _main(argv: list[str], capsys) -> str:

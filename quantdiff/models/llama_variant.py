@@ -1,8 +1,9 @@
 """LLaMA with another attention module: the scaffolding quantdiff's own model kinds share (DIFF V2, gated, sink).
 
 Each kind keeps LLaMA's pre-norm decoder layer (RMSNorm, SwiGLU MLP), embeddings, rotary embedding, LM head and
-their forwards, and swaps in its own attention class, a `VariantAttention`: LLaMA's attention forward (projections,
-RoPE, KV cache, the call through transformers' attention registry) with hooks for what the kind changes.
+their forwards, and swaps in its own attention class, a `VariantAttention`: LLaMA's attention forward itself
+(projections, RoPE, KV cache, the call through transformers' attention registry) with what the kind changes put
+where it acts: the attention function's arguments, or the heads' outputs before W_O.
 `VariantDecoderLayer`, `VariantModel` and `VariantForCausalLM` are LLaMA's classes with the swapped-in class named
 by a class attribute; `declare_kind` declares them for a kind and registers it with the Auto classes.
 """
@@ -14,8 +15,6 @@ from typing import Callable
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaConfig
-from transformers.cache_utils import Cache
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -25,45 +24,45 @@ from transformers.models.llama.modeling_llama import (
     LlamaPreTrainedModel,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-    eager_attention_forward,
 )
 
 
 class VariantAttention(LlamaAttention):
-    """LLaMA's attention forward with the kinds' two hooks: extra arguments for the attention function
-    (`attention_arguments`) and what happens to the heads' outputs (B, T, Hq, d) before W_O (`combine_heads`).
-    `eager` is the attention function attn_implementation="eager" runs (LLaMA's, unless a kind needs another)."""
+    """LLaMA's attention run by LLaMA's own forward — the installed transformers' forward, with whatever arguments
+    it takes today — and the kind's change put where it acts:
+    - `attention_arguments()`: keyword arguments for the attention function (LLaMA's forward passes its `**kwargs`
+      on to it), e.g. the sink kind's `s_aux`;
+    - `combine_heads(out, hidden_states)`: what W_O reads, from the heads' outputs (B, T, H, d) and the attention
+      input, or None for none. It runs as o_proj's first input hook for the duration of one call: before any
+      quantizer's input hook, and whatever module sits at o_proj (a bitsandbytes layer after a quantized load).
+    Not copying the forward is the point: a release that renames or adds an argument (5.24's `cache`) reaches
+    LLaMA's forward, which knows it, instead of a copy that does not."""
 
-    eager: Callable = staticmethod(eager_attention_forward)
+    combine_heads: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def attention_arguments(self) -> dict:
         return {}
 
-    def combine_heads(self, out: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        return out
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        arguments = self.attention_arguments()
+        clash = sorted(arguments.keys() & kwargs.keys())
+        if clash:  # a future release passing one of the kind's own arguments must not be overridden silently
+            raise TypeError(f"{type(self).__name__}: transformers now passes {clash} itself, which the kind sets")
+        if self.combine_heads is None:
+            return super().forward(hidden_states, *args, **kwargs, **arguments)
+        handle = self.o_proj.register_forward_pre_hook(self._combining_hook(hidden_states), prepend=True)
+        try:
+            return super().forward(hidden_states, *args, **kwargs, **arguments)
+        finally:
+            handle.remove()
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
-        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        cos, sin = position_embeddings
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
-        interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, self.eager)
-        dropout = 0.0 if not self.training else self.attention_dropout
-        out, weights = interface(self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **self.attention_arguments(), **kwargs)
-        out = self.combine_heads(out, hidden_states)  # (B, T, H, d)
-        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+    def _combining_hook(self, hidden_states: torch.Tensor) -> Callable:
+        def combine(_module: nn.Module, inputs: tuple) -> tuple:
+            heads = inputs[0].view(*hidden_states.shape[:-1], -1, self.head_dim)  # (B, T, H, d), as attention returned
+            combined = self.combine_heads(heads, hidden_states)
+            return (combined.reshape(*hidden_states.shape[:-1], -1).contiguous(), *inputs[1:])
+
+        return combine
 
 
 class VariantDecoderLayer(LlamaDecoderLayer):

@@ -30,14 +30,21 @@ from __future__ import annotations
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import LlamaConfig
+from transformers import AttentionInterface, LlamaConfig
 from transformers import initialization as init
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager_attention_forward
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
 
 from quantdiff.models.llama_variant import VariantAttention, declare_kind
 
 MODEL_TYPE = "quantdiff_sink"
+# What attn_implementation="eager" runs for this kind: GPT-OSS's eager attention, which appends `s_aux` as a logit
+# column. LLaMA's forward (which the kind runs) would pick LLaMA's eager function, which drops `s_aux` without a
+# word; a registered implementation is how transformers lets a model name another function, with eager's mask.
+EAGER_WITH_SINKS = "quantdiff_sink_eager"
+AttentionInterface.register(EAGER_WITH_SINKS, gpt_oss_eager_attention_forward)
+AttentionMaskInterface.register(EAGER_WITH_SINKS, eager_mask)
 
 
 @strict
@@ -49,8 +56,6 @@ class SinkConfig(LlamaConfig):
 
 class SinkAttention(VariantAttention):
     """LLaMA's attention with one learned sink logit per head in every softmax denominator (module docstring)."""
-
-    eager = staticmethod(gpt_oss_eager_attention_forward)  # appends `sinks` as a logit column, then drops it
 
     def __init__(self, config: SinkConfig, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
@@ -68,6 +73,12 @@ class SinkPreTrainedBase(LlamaPreTrainedModel):
     _supports_sdpa = False
     _supports_flash_attn = False
     _supports_flex_attn = False
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation: str | None, *args, **kwargs) -> str:
+        """transformers' choice (its checks, its eager fallback where SDPA is not supported), with "eager" meaning
+        the eager attention that computes the sinks."""
+        chosen = super()._check_and_adjust_attn_implementation(attn_implementation, *args, **kwargs)
+        return EAGER_WITH_SINKS if chosen == "eager" else chosen
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

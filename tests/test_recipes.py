@@ -120,3 +120,39 @@ def test_missing_corpus_is_a_data_error_before_training(tmp_path, monkeypatch):
     finally:
         corpus.read_novels.cache_clear()
     assert not (tmp_path / "out").exists()
+
+
+def test_the_bb_recipe_names_its_primary_comparisons():
+    analysis = load_recipe("bb").analysis
+    assert analysis.primary_metrics == ["table5/attention_logits/top1", "table5/hidden_states/top1", "sweep/bb/linear/absmax/4"]
+    assert analysis.primary_arms == ["diff", "diffv2", "gated", "sink", "standard-sgd"]  # every arm but the reference
+    assert parse_recipe(GOOD, "t").analysis.primary_metrics == []  # none named: every comparison exploratory
+
+
+PRIMARY = "lr = 1\n[analysis]\nbits = [8, 4]\nprimary_metrics = METRICS\nprimary_arms = ARMS"
+
+
+@pytest.mark.parametrize(
+    "metrics, arms, message",
+    [
+        ("['table5/hidden_states/top1']", "['diff']", None),
+        ("['sweep/lm/linear/llm-int8/4', 'sinks/max']", "['diff']", None),
+        ("['table5/hidden/top1']", "['diff']", "primary_metrics: unknown metric 'table5/hidden/top1' \\(known: table5/attention_logits/top1, "),
+        ("['sweep/lm/linear/absmax/3']", "['diff']", "unknown metric 'sweep/lm/linear/absmax/3'.*bits.*e.g. sweep/lm/linear/absmax/4"),
+        ("['sweep/bb/linear/absmax/4']", "['diff']", "unknown metric 'sweep/bb/linear/absmax/4'.*with task lm or choice or retrieval"),
+        ("['table5/hidden_states/top1']", "['dif']", "primary_arms: 'dif' is not an arm compared with the reference arm 'standard' \\(those are: diff\\)"),
+        ("['table5/hidden_states/top1']", "['standard']", "'standard' is not an arm compared with the reference"),
+        ("['table5/hidden_states/top1']", "[]", "set both or neither"),
+        ("['sinks/max', 'sinks/max']", "['diff']", "primary_metrics lists a name twice"),
+        ("'sinks/max'", "['diff']", "primary_metrics must be a list of strings"),
+    ],
+    ids=["one", "sweep-cell", "unknown-metric", "bits-not-swept", "task-not-run", "unknown-arm", "reference-arm", "one-without-other", "repeat", "not-a-list"],
+)
+def test_primary_comparisons_name_only_what_the_run_measures(metrics, arms, message):
+    text = GOOD.replace("lr = 1", PRIMARY.replace("METRICS", metrics).replace("ARMS", arms))
+    if message is None:
+        assert parse_recipe(text, "t").analysis.primary_arms == ["diff"]
+        return
+    with pytest.raises(ConfigError, match=message) as raised:
+        parse_recipe(text, "bad")
+    assert "\n" not in str(raised.value)

@@ -180,15 +180,21 @@ def _check_summary(summary: dict, values: list[float], log: bool = False) -> Non
     assert (summary["mean"], summary["low"], summary["high"]) == pytest.approx((mean, low, high), rel=1e-9, abs=1e-12)
 
 
+LOG_KEYS = ("table5/attention_logits/top1_over_median", "table5/hidden_states/top1_over_median", "sinks/bos_peak_over_median")  # geometric means
+
+
 def _independent_values(report: Path, seed: int) -> dict[str, dict[str, float | None]]:
     """{metric key: {arm: value}} read straight from seed-<s>/stats.json and sweep.json."""
     stats = json.loads((report / f"seed-{seed}" / "stats.json").read_text())
     sweep = json.loads((report / f"seed-{seed}" / "sweep.json").read_text())
-    values: dict[str, dict] = {"table5/attention_logits/top1": {}, "table5/hidden_states/top1": {}, "sinks/score": {}, "sinks/bos_peak_over_median": {}}
+    values: dict[str, dict] = {key: {} for key in LOG_KEYS + ("table5/attention_logits/top1", "table5/hidden_states/top1", "sinks/score", "sinks/max")}
     for m in stats["models"]:
-        values["table5/attention_logits/top1"][m["name"]] = max(abs(t["value"]) for t in m["attention_logits"]["topk"])
-        values["table5/hidden_states/top1"][m["name"]] = max(abs(t["value"]) for t in m["hidden_states"]["topk"])
+        for block in ("attention_logits", "hidden_states"):
+            top1 = max(abs(t["value"]) for t in m[block]["topk"])
+            values[f"table5/{block}/top1"][m["name"]] = top1
+            values[f"table5/{block}/top1_over_median"][m["name"]] = top1 / m[block]["median"]
         values["sinks/score"][m["name"]] = m["sinks"]["score"]
+        values["sinks/max"][m["name"]] = max(max(row) for row in m["sinks"].get("combined", m["sinks"]["per_head"]))
         values["sinks/bos_peak_over_median"][m["name"]] = m["hidden_states"]["first_position"]["max"] / m["hidden_states"]["median"]
     for c in sweep["cells"]:
         key = f"sweep/{c['task']}/unquantized" if c["bits"] is None else f"sweep/{c['task']}/{c['site']}/{c['method']}/{c['bits']}"
@@ -211,7 +217,7 @@ def test_reproduce_summarises_the_seeds_as_an_independent_recomputation_does(rep
     values = {seed: _independent_values(report, seed) for seed in (0, 7)}
     assert set(doc["metrics"]) == set(values[0])
     for key, block in doc["metrics"].items():
-        log = key == "sinks/bos_peak_over_median"
+        log = key in LOG_KEYS
         for arm in ARMS:
             per_seed = [values[s][key][arm] for s in (0, 7)]
             assert block["arms"][arm]["per_seed"] == {"0": per_seed[0], "7": per_seed[1]}
@@ -227,6 +233,16 @@ def test_reproduce_summarises_the_seeds_as_an_independent_recomputation_does(rep
             compared = [r / a for r, a in zip(reference, per_seed)] if ratio else [a - r for r, a in zip(reference, per_seed)]
             pair = block["paired"][arm]
             assert list(pair["per_seed"].values()) == pytest.approx(compared, rel=1e-12)
+            # two seeds a, b: of the four sign assignments, ±(a + b) always reach |a + b| and ±(a − b) only when
+            # a·b ≤ 0, so the sign-flip p is 1 or ½; the t test on two log ratios (1 degree of freedom, the
+            # Cauchy distribution) has p = 1 − 2·atan(|t|)/π
+            assert pair["family"] == "exploratory" and "holm_p" not in pair
+            if not ratio:
+                assert (pair["test"], pair["p"]) == ("sign-flip", 1.0 if compared[0] * compared[1] <= 0 else 0.5)
+            elif len(set(compared)) > 1:
+                logs = np.log(compared)
+                t = abs(logs.mean()) / (logs.std(ddof=1) / math.sqrt(2))
+                assert (pair["test"], pair["p"]) == ("t", pytest.approx(1 - 2 * math.atan(t) / math.pi, rel=1e-9))
             if len(set(compared)) > 1:
                 _check_summary(pair, compared, log=ratio)
             neutral = 1.0 if ratio else 0.0
@@ -263,6 +279,42 @@ def test_the_multi_seed_report_states_its_method_and_shows_intervals(report):
     assert "seeds: standard higher / arm higher / equal" in text
     assert {p.name for p in report.glob("*.png")} == {"sweep_bb.png", "emergence.png"}
     assert sorted(p.name for p in (report / "seed-7").iterdir()) == ["stats.json", "sweep.json"]
+
+
+def test_rebuild_recomputes_seeds_json_and_the_report_from_the_per_seed_json_alone(report, tmp_path):
+    """The same document as reproduce wrote; with a recipe naming primary comparisons, the family is Holm-corrected
+    and the report states it. Nothing is trained or measured: the seed directories are read-only inputs."""
+    import shutil
+
+    from quantdiff.jobs.reproduce_seeds import main as rebuild_main
+
+    copy = tmp_path / "rep"
+    shutil.copytree(report, copy)
+    recipe = tmp_path / "micro.toml"
+    recipe.write_text(MICRO_BB.replace("SEEDS", "seeds = [0, 7]"))
+    assert rebuild_main([str(copy), "--recipe", str(recipe)]) == 0
+    rebuilt, written = json.loads((copy / "seeds.json").read_text()), json.loads((report / "seeds.json").read_text())
+    assert rebuilt == {**written, "recipe": "micro"}  # the recipe named by --recipe's file
+    assert "recomputed from the per-seed JSON" in (copy / "report.md").read_text()
+    recipe.write_text(recipe.read_text().replace('sites = ["logits", "qk", "linear"]', 'sites = ["logits", "qk", "linear"]\n'
+                      'primary_metrics = ["table5/hidden_states/top1", "sweep/bb/linear/absmax/4"]\nprimary_arms = ["diff", "standard-sgd"]'))
+    assert rebuild_main([str(copy), "--recipe", str(recipe)]) == 0
+    doc = json.loads((copy / "seeds.json").read_text())
+    comparisons = doc["primary"]["comparisons"]
+    assert [(c["metric"], c["arm"]) for c in comparisons] == [(k, a) for k in ("table5/hidden_states/top1", "sweep/bb/linear/absmax/4") for a in ("diff", "standard-sgd")]
+    p = [c["p"] for c in comparisons]
+    order = sorted(range(4), key=p.__getitem__)
+    holm, running = [0.0] * 4, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (4 - rank) * p[i]))
+        holm[i] = running
+    assert [c["holm_p"] for c in comparisons] == pytest.approx(holm)
+    assert doc["metrics"]["table5/hidden_states/top1"]["paired"]["diff"]["family"] == "primary"
+    assert doc["metrics"]["table5/attention_logits/top1"]["paired"]["diff"]["family"] == "exploratory"
+    text = (copy / "report.md").read_text()
+    assert "## Primary comparisons with `standard`, Holm-corrected" in text and "(4 comparisons), corrected by Holm (1979)" in text
+    (copy / ".quantdiff-output").unlink()
+    assert rebuild_main([str(copy), "--recipe", str(recipe)]) == 1  # not a report quantdiff wrote: nothing replaced
 
 
 def test_the_published_multi_seed_tables_sit_beside_the_live_seed(report, monkeypatch, tmp_path):

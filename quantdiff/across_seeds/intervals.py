@@ -5,9 +5,11 @@ interval of a mean is Student's t on the per-seed values, mean ± t(0.975, n −
 standard deviation). A quantity that is itself a ratio (the BOS peak ÷ median) and every paired ratio (the
 standard arm ÷ another arm, seed by seed) is summarised on the log scale: the geometric mean with the interval
 exp(mean(log) ± t · s(log) / √n), so that 2× and 0.5× are equally far from 1 and the interval never crosses 0.
-A share of seeds (those with a sink head) gets the Clopper-Pearson exact binomial interval. One seed gives a
-value and no interval (None). The t interval assumes the per-seed values are roughly normal; with this few
-seeds that cannot be checked, which is why every per-seed value is kept beside its summary.
+A share of seeds (those with a sink head) gets the Clopper-Pearson exact binomial interval (Clopper & Pearson
+1934). One seed gives a value and no interval (None). The t interval assumes the per-seed values are roughly
+normal; with this few seeds that cannot be checked, which is why every per-seed value is kept beside its summary,
+and why a paired difference of bounded values gets its p-value from a sign-flip permutation test instead
+(across_seeds.significance).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import statistics
 from typing import Mapping
 
 from quantdiff.across_seeds.distributions import beta_quantile, t_quantile
+from quantdiff.across_seeds.significance import paired_t_p, sign_flip_p
 
 CONFIDENCE = 0.95
 METHOD = (
     "Student t over the per-seed values (n − 1 degrees of freedom): mean ± t·s/√n; ratios (BOS peak ÷ median, "
     "and every paired ratio) on the log scale: geometric mean × exp(± t·s_log/√n); share of seeds: "
-    "Clopper-Pearson exact interval. No resampling (a bootstrap over 5–8 seeds has too few distinct resamples)."
+    "Clopper-Pearson exact interval (Clopper & Pearson 1934). No bootstrap (over 5–12 seeds it has too few "
+    "distinct resamples to estimate a 2.5% tail)."
 )
 
 
@@ -45,7 +49,9 @@ def summarize(values: list[float], log: bool = False) -> dict:
 
 def paired(reference: Mapping[str, float | None], other: Mapping[str, float | None], ratio: bool) -> dict:
     """Seed by seed, reference ÷ other (`ratio`) or other − reference, over the seeds where both are finite
-    (and positive, for a ratio): the per-seed values, their summary, and how many seeds point each way."""
+    (and positive, for a ratio): the per-seed values, their summary, how many seeds point each way, and the
+    two-sided p of no difference (unadjusted): the paired t test on the log ratios for a ratio, the sign-flip
+    permutation test for a difference (across_seeds.significance)."""
     usable = lambda v: v is not None and math.isfinite(v) and (v > 0 or not ratio)  # noqa: E731
     seeds = [s for s in reference if s in other and usable(reference[s]) and usable(other[s])]
     values = {s: reference[s] / other[s] if ratio else other[s] - reference[s] for s in seeds}
@@ -58,11 +64,14 @@ def paired(reference: Mapping[str, float | None], other: Mapping[str, float | No
         "reference_higher": reference_higher,
         "other_higher": other_higher,
         "equal": sum(v == neutral for v in values.values()),
+        "test": "t" if ratio else "sign-flip",
+        "p": paired_t_p([math.log(v) for v in values.values()]) if ratio else sign_flip_p(list(values.values())),
     }
 
 
 def share(flags: Mapping[str, bool]) -> dict:
-    """{per_seed, k, n, share, low, high}: how many seeds the flag holds in, with its Clopper-Pearson interval."""
+    """{per_seed, k, n, share, low, high}: how many seeds the flag holds in, with its exact interval (Clopper &
+    Pearson 1934: the beta quantiles of k and k + 1)."""
     n, k = len(flags), sum(bool(f) for f in flags.values())
     if n == 0:
         return {"per_seed": {}, "k": 0, "n": 0, "share": None, "low": None, "high": None}

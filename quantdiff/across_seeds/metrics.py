@@ -5,6 +5,12 @@ Each metric has a key, a label, and how it is summarised and compared with the r
   value over the measured tokens): arithmetic mean; compared as the ratio standard ÷ arm, as the paper does;
 - the attention-sink score (Gu et al. 2025, "When Attention Sink Emerges", §3: the share of heads whose mean
   attention on the first token exceeds ε = 0.3): arithmetic mean; compared as the difference arm − standard;
+- the sink mass, the continuous quantity that score thresholds (stats.sinks: the largest per-head mean attention
+  on the first position; Diff: of the combined maps), so that a head at 0.301 and one at 0.299 read as
+  neighbours: arithmetic mean; compared as the difference arm − standard;
+- each Top-1 over its block's median |value| (Sun et al. 2024's yardstick for a massive activation), which
+  takes out overall scale (an SGD-trained model's activations are smaller throughout): itself a ratio, so
+  geometric mean; compared as standard ÷ arm;
 - the BOS peak ÷ median (Sun et al. 2024, "Massive Activations": the largest |hidden state| at the first
   position over the median |hidden state|): itself a ratio, so geometric mean; compared as standard ÷ arm;
 - every sweep cell's headline metric (the task's accuracy or loss after quantization, Ye et al. §3.4,
@@ -30,9 +36,12 @@ class Metric:
 
 TOP1_LOGITS = Metric("table5/attention_logits/top1", "Top-1 attention logit (abs)", log=False, ratio=True)
 TOP1_HIDDEN = Metric("table5/hidden_states/top1", "Top-1 hidden state (abs)", log=False, ratio=True)
+TOP1_LOGITS_RELATIVE = Metric("table5/attention_logits/top1_over_median", "Top-1 ÷ median (abs attention logit)", log=True, ratio=True)
+TOP1_HIDDEN_RELATIVE = Metric("table5/hidden_states/top1_over_median", "Top-1 ÷ median (abs hidden state)", log=True, ratio=True)
 SINK_SCORE = Metric("sinks/score", "sink score (share of heads > ε)", log=False, ratio=False)
+SINK_MASS = Metric("sinks/max", "sink mass (largest per-head attention on position 0)", log=False, ratio=False)
 BOS_RATIO = Metric("sinks/bos_peak_over_median", "BOS peak ÷ median (abs hidden state)", log=True, ratio=True)
-MODEL_METRICS = (TOP1_LOGITS, TOP1_HIDDEN, SINK_SCORE, BOS_RATIO)
+MODEL_METRICS = (TOP1_LOGITS, TOP1_HIDDEN, TOP1_LOGITS_RELATIVE, TOP1_HIDDEN_RELATIVE, SINK_SCORE, SINK_MASS, BOS_RATIO)
 
 
 def sweep_key(task: str, site: str | None, method: str | None, bits: int | None, group_size: int | None = None) -> str:
@@ -50,9 +59,9 @@ def sweep_metric(cell: dict) -> Metric:
     return Metric(key, f"{task} {headline_metric(task)}, {what}", log=False, ratio=False, cell=where)
 
 
-def _bos_over_median(model: dict) -> float | None:
-    peak, median = bos_peak(model["hidden_states"]), model["hidden_states"]["median"]
-    return None if peak is None or not median else peak / median
+def _over_median(value: float | None, block: dict) -> float | None:
+    median = block["median"]
+    return None if value is None or not median else value / median
 
 
 def model_values(stats: dict) -> dict[str, dict[str, float | None]]:
@@ -60,10 +69,14 @@ def model_values(stats: dict) -> dict[str, dict[str, float | None]]:
     values: dict[str, dict[str, float | None]] = {m.key: {} for m in MODEL_METRICS}
     for model in stats["models"]:
         arm = model["name"]
-        values[TOP1_LOGITS.key][arm] = table5_row(model["attention_logits"])[0]
-        values[TOP1_HIDDEN.key][arm] = table5_row(model["hidden_states"])[0]
+        logits, hidden = model["attention_logits"], model["hidden_states"]
+        values[TOP1_LOGITS.key][arm] = table5_row(logits)[0]
+        values[TOP1_HIDDEN.key][arm] = table5_row(hidden)[0]
+        values[TOP1_LOGITS_RELATIVE.key][arm] = _over_median(table5_row(logits)[0], logits)
+        values[TOP1_HIDDEN_RELATIVE.key][arm] = _over_median(table5_row(hidden)[0], hidden)
         values[SINK_SCORE.key][arm] = (model.get("sinks") or {}).get("score")
-        values[BOS_RATIO.key][arm] = _bos_over_median(model)
+        values[SINK_MASS.key][arm] = (model.get("sinks") or {}).get("max")
+        values[BOS_RATIO.key][arm] = _over_median(bos_peak(hidden), hidden)
     return values
 
 

@@ -16,7 +16,7 @@ from quantdiff.core.errors import LoadError
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"  # the repository's published results (absent when installed)
 PUBLISHED = {"bb": RESULTS / "bb" / "seeds.json"}  # built-in name → its published across-seed document
-REQUIRED = {"seeds": list, "arms": dict, "reference": (str, type(None)), "method": dict, "metrics": dict, "sink_share": dict, "emergence": dict}
+REQUIRED = {"seeds": list, "arms": dict, "reference": (str, type(None)), "method": dict, "primary": dict, "metrics": dict, "sink_share": dict, "emergence": dict}
 
 
 def check_document(doc: object, where: Path) -> dict:

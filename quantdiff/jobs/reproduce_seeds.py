@@ -1,9 +1,14 @@
 """The multi-seed part of `quantdiff reproduce`: every seed's arms measured as one set (seed-<s>/stats.json and
 seed-<s>/sweep.json in the report directory), then summarised across seeds into seeds.json, report.md, the
-sweep charts with error bars and the emergence plot with bands."""
+sweep charts with error bars and the emergence plot with bands.
+
+`python -m quantdiff.jobs.reproduce_seeds DIR` recomputes seeds.json and report.md of such a directory from the
+per-seed JSON it holds (`rebuild`): new statistics over the same measurements, nothing trained or measured."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
 from pathlib import Path
 
@@ -42,7 +47,8 @@ def multi_seed_report(trained, tasks: list, options, tmp: Path, scratch: Path, c
     kinds = {arm.name: arm.kind for arm in recipe.arms}
     first = next(iter(stats.values()))
     reference = reference_model(first, kinds)
-    doc = seeds_document(recipe.name, kinds, reference["name"] if reference else None, stats, sweeps, series)
+    doc = seeds_document(recipe.name, kinds, reference["name"] if reference else None, stats, sweeps, series,
+                         recipe.analysis.primary_metrics, recipe.analysis.primary_arms)
     write_json(tmp / "seeds.json", doc, indent=1)
     for task in tasks:
         plot_sweep(seed_points(doc, task.name), tmp / f"sweep_{task.name}.png", task.headline,
@@ -55,8 +61,9 @@ def multi_seed_report(trained, tasks: list, options, tmp: Path, scratch: Path, c
     write_seeds_report(tmp / "report.md", doc, context, emergence_markdown(doc["emergence"], len(stats)), real)
 
 
-def write_seeds_report(path: Path, doc: dict, context: dict, emergence: str, extra_sections: list[str]) -> None:
-    """report.md of a multi-seed run: setup, the across-seed sections, emergence, then `extra_sections`."""
+def write_seeds_report(path: Path, doc: dict, context: dict, emergence: str, extra_sections: list[str], force: bool = False) -> None:
+    """report.md of a multi-seed run: setup, the across-seed sections, emergence, then `extra_sections` (an
+    existing report.md is replaced only with `force`)."""
     from quantdiff.report import paper
     from quantdiff.report.markdown import write_sections
     from quantdiff.report.seeds_markdown import seeds_sections
@@ -71,4 +78,71 @@ def write_seeds_report(path: Path, doc: dict, context: dict, emergence: str, ext
         "## Emergence of outliers during training (across seeds)\n\n" + emergence,
         *extra_sections,
     ]
-    write_sections(path, parts)
+    write_sections(path, parts, force)
+
+
+def _setup(report: Path) -> dict[str, str]:
+    """The `- key: value` lines of report.md's Setup section (the run that measured the seeds); {} without one."""
+    lines = report.read_text(encoding="utf-8").split("\n") if report.is_file() else []
+    start = lines.index("## Setup") + 1 if "## Setup" in lines else len(lines)
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return dict(line[2:].split(": ", 1) for line in lines[start:end] if line.startswith("- ") and ": " in line)
+
+
+def rebuild(directory: Path, recipe_name: str | None = None) -> Path:
+    """Recompute `directory`'s seeds.json and report.md (a multi-seed report quantdiff wrote) from its
+    seed-<s>/stats.json and sweep.json, the emergence series of train_logs/seed-<s>/<arm>.json (else the
+    emergence block of the seeds.json it replaces), and its report.md's Setup list. The recipe (default: the one
+    its seeds.json names) gives the primary comparisons. Returns the path of report.md."""
+    from quantdiff.across_seeds.document import seeds_document
+    from quantdiff.core.errors import ConfigError
+    from quantdiff.core.savedir import marked_kind
+    from quantdiff.report.emergence import emergence_markdown
+    from quantdiff.report.markdown import reference_name
+    from quantdiff.train.recipe import load_recipe
+
+    if marked_kind(directory) != "report":
+        raise ConfigError(f"{directory} is not a report directory quantdiff wrote: refusing to replace its seeds.json and report.md")
+    if (directory / "real_model.json").exists():
+        raise ConfigError(f"{directory} has a real-model section, which only `quantdiff reproduce` writes: rerun it instead")
+    seeds = sorted(int(p.name.removeprefix("seed-")) for p in directory.glob("seed-*") if p.name.removeprefix("seed-").isdigit())
+    if not seeds:
+        raise ConfigError(f"{directory} holds no seed-<s>/ directories")
+    read = lambda path: json.loads(path.read_text(encoding="utf-8"))  # noqa: E731
+    old = read(directory / "seeds.json") if (directory / "seeds.json").is_file() else {}
+    if not (recipe_name or old.get("recipe")):
+        raise ConfigError(f"{directory} has no seeds.json naming its recipe: name it with --recipe")
+    recipe = load_recipe(recipe_name or old["recipe"])
+    stats = {str(s): read(directory / f"seed-{s}" / "stats.json") for s in seeds}
+    sweeps = {str(s): read(directory / f"seed-{s}" / "sweep.json") for s in seeds}
+    kinds = {m["name"]: m["kind"] for m in stats[str(seeds[0])]["models"]}
+    logs = {str(s): {arm: directory / "train_logs" / f"seed-{s}" / f"{arm}.json" for arm in kinds} for s in seeds}
+    series = {s: {arm: read(path).get("outliers") or [] for arm, path in by_arm.items() if path.is_file()} for s, by_arm in logs.items()}
+    doc = seeds_document(recipe.name, kinds, reference_name(kinds), stats, sweeps, series,
+                         recipe.analysis.primary_metrics, recipe.analysis.primary_arms)
+    if not doc["emergence"]:
+        doc["emergence"] = old.get("emergence", {})
+    write_json(directory / "seeds.json", doc, indent=1)
+    context = _setup(directory / "report.md") | {
+        "statistics": f"recomputed from the per-seed JSON by `python -m quantdiff.jobs.reproduce_seeds {directory}` (nothing retrained or re-measured)"}
+    write_seeds_report(directory / "report.md", doc, context, emergence_markdown(doc["emergence"], len(seeds)), [], force=True)
+    return directory / "report.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Recompute seeds.json and report.md of a multi-seed report from its per-seed JSON.")
+    parser.add_argument("directory", type=Path, help="the report directory (holds seed-<s>/stats.json and sweep.json)")
+    parser.add_argument("--recipe", help="recipe name or path giving the primary comparisons (default: the one seeds.json names)")
+    args = parser.parse_args(argv)
+    from quantdiff.core.errors import QuantdiffError
+
+    try:
+        print(rebuild(args.directory, args.recipe))
+    except QuantdiffError as exc:
+        print(f"error: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -48,10 +48,16 @@ def table5_markdown(stats: dict, kinds: dict[str, str]) -> str:
     return table + "\n\n" + _ratio_lines(stats, kinds)
 
 
+def reference_name(kinds: dict[str, str]) -> str | None:
+    """The arm the others are compared with, from {arm: kind} in order: the one named 'standard', else the first
+    of kind standard; None without either."""
+    return "standard" if "standard" in kinds else next((name for name, kind in kinds.items() if kind == "standard"), None)
+
+
 def reference_model(stats: dict, kinds: dict[str, str]) -> dict | None:
-    """The model the others are compared with: the one named 'standard', else the first of kind standard."""
-    models = stats["models"]
-    return next((m for m in models if m["name"] == "standard"), None) or next((m for m in models if kinds.get(m["name"]) == "standard"), None)
+    """The stats entry of the model the others are compared with (`reference_name`)."""
+    name = reference_name({m["name"]: kinds.get(m["name"], "") for m in stats["models"]})
+    return next((m for m in stats["models"] if m["name"] == name), None)
 
 
 def _ratio_lines(stats: dict, kinds: dict[str, str]) -> str:
@@ -143,10 +149,11 @@ def write_report_markdown(
     write_sections(path, parts + list(extra_sections))
 
 
-def write_sections(path: Path, parts: Sequence[str]) -> None:
-    """Write report.md (atomically): `parts` joined, then a Plots section listing the PNGs beside it."""
+def write_sections(path: Path, parts: Sequence[str], force: bool = False) -> None:
+    """Write report.md (atomically): `parts` joined, then a Plots section listing the PNGs beside it. An
+    existing report.md is replaced only with `force` (markdown carries no mark of who wrote it)."""
     plots = sorted(p.name for p in path.parent.glob("*.png"))
     if plots:
         parts = [*parts, "## Plots\n\n" + "\n".join(f"![{name}]({name})" for name in plots)]
-    with atomic_file(path) as tmp:
+    with atomic_file(path, force) as tmp:
         tmp.write_text("\n\n".join(parts) + "\n", encoding="utf-8")

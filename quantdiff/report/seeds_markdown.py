@@ -1,14 +1,17 @@
 """report.md's across-seed sections, built from a seeds.json document (across_seeds.document) alone.
 
 Every summary is written as `mean [low, high]` (the 95% interval of across_seeds.intervals; a ratio's mean is
-geometric and written with ×); one seed gives the value alone. The same sections render a published
-multi-seed document beside what a report measured live on one shipped seed (`published_markdown`).
+geometric and written with ×); one seed gives the value alone. The primary comparisons the recipe named come
+first, with their Holm-adjusted p (Holm 1979) and a verdict worded by it; every other p is unadjusted and
+labelled exploratory. The same sections render a published multi-seed document beside what a report measured
+live on one shipped seed (`live_beside_published`).
 """
 
 from __future__ import annotations
 
 import quantdiff.report.paper as paper
-from quantdiff.across_seeds.metrics import BOS_RATIO, MODEL_METRICS, SINK_SCORE, TOP1_HIDDEN, TOP1_LOGITS
+from quantdiff.across_seeds.metrics import (BOS_RATIO, MODEL_METRICS, SINK_MASS, SINK_SCORE, TOP1_HIDDEN, TOP1_HIDDEN_RELATIVE, TOP1_LOGITS,
+                                            TOP1_LOGITS_RELATIVE)
 from quantdiff.report.markdown import md_table
 from quantdiff.report.numbers import MISSING
 
@@ -26,6 +29,12 @@ def interval(summary: dict, times: bool = False) -> str:
     return text if summary.get("low") is None else f"{text} [{_g(summary['low'])}, {_g(summary['high'])}]"
 
 
+def _p(p: float | None) -> str:
+    if p is None:
+        return MISSING
+    return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
+
+
 def _share(entry: dict) -> str:
     if not entry["n"]:
         return MISSING
@@ -33,28 +42,70 @@ def _share(entry: dict) -> str:
 
 
 def method_markdown(doc: dict) -> str:
-    """How the intervals were made, over which seeds."""
-    seeds = ", ".join(map(str, doc["seeds"]))
+    """How the intervals and p-values were made, over which seeds, and which comparisons are primary."""
+    seeds, method, n = ", ".join(map(str, doc["seeds"])), doc["method"], len(doc["seeds"])
+    primary = doc["primary"]
+    family = (f"**Primary comparisons**, as the recipe names them (`[analysis] primary_metrics` × `primary_arms`): "
+              f"{', '.join(f'`{a}`' for a in primary['arms'])} against `{doc['reference']}` on {', '.join(f'`{m}`' for m in primary['metrics'])} "
+              f"({len(primary['comparisons'])} comparisons), corrected by {primary['correction']}, at family-wise α = {primary['alpha']:g}. "
+              "Every other p in this report is unadjusted and **exploratory**: it suggests, it does not establish."
+              if primary["comparisons"] else "The recipe names no primary comparisons: every p in this report is unadjusted and **exploratory**.")
     return (f"{len(doc['seeds'])} seeds ({seeds}); every seed trains every arm on the same batches, so arms are compared "
-            f"seed by seed with `{doc['reference']}`. 95% intervals: {doc['method']['description']} "
+            f"seed by seed with `{doc['reference']}`. 95% intervals: {method['description']} Tests: {method['tests']} "
+            f"The sign-flip test enumerates all 2^n sign assignments up to n = {method['exact_up_to']} seeds and draws "
+            f"{method['resamples']:,} random ones (numpy seed {method['resample_seed']}) above; here: {method['sign_flip']}, "
+            f"so its smallest possible p is {2 / 2 ** n if n <= method['exact_up_to'] else 1 / (method['resamples'] + 1):.2g}.\n\n{family}\n\n"
             "Per-seed values: `seeds.json` (`metrics.<key>.arms.<arm>.per_seed`).")
 
 
+def primary_markdown(doc: dict) -> str:
+    """The primary comparisons: estimate, unadjusted and Holm-adjusted p, and what may be said of each."""
+    primary, metrics, reference = doc["primary"], doc["metrics"], doc["reference"]
+    if not primary["comparisons"]:
+        return "None named in the recipe (`[analysis] primary_metrics`, `primary_arms`)."
+    rows = []
+    for item in primary["comparisons"]:
+        block = metrics.get(item["metric"])
+        pair = (block or {}).get("paired", {}).get(item["arm"])
+        if pair is None:
+            rows.append([item["metric"], item["arm"], "not measured", MISSING, MISSING, MISSING, MISSING, "untested"])
+            continue
+        ratio = block["comparison"] == "reference ÷ arm"
+        what = f"{reference} ÷ {item['arm']}" if ratio else f"{item['arm']} − {reference}"
+        verdict = MISSING if item["detected"] is None else ("difference detected" if item["detected"] else "no difference detected")
+        rows.append([block["label"], what, interval(pair, times=ratio), f"{pair['reference_higher']} / {pair['other_higher']} / {pair['equal']}",
+                     pair["test"], _p(item["p"]), _p(item["holm_p"]), verdict])
+    header = ["metric", "comparison", "mean [95% CI]", f"seeds: {reference} higher / arm higher / equal", "test", "p", "Holm p",
+              f"at family-wise α = {primary['alpha']:g}"]
+    return md_table(header, rows)
+
+
 def table5_markdown(doc: dict) -> str:
-    """Top-1 |attention logit| and |hidden state| per arm across seeds, the paper's 3B values below."""
+    """Top-1 |attention logit| and |hidden state| per arm across seeds, each also over its median (geometric
+    mean), the paper's 3B values below."""
     metrics = doc["metrics"]
-    rows = [[arm, kind, *(interval(metrics[m.key]["arms"][arm]) for m in (TOP1_LOGITS, TOP1_HIDDEN))] for arm, kind in doc["arms"].items()]
-    rows += [[f"paper (3B) {name}", kind, *(f"{paper.TABLE5[kind][block][0]:g}" for block in ("attention_logits", "hidden_states"))]
+    columns = (TOP1_LOGITS, TOP1_HIDDEN, TOP1_LOGITS_RELATIVE, TOP1_HIDDEN_RELATIVE)
+    rows = [[arm, kind, *(interval(metrics[m.key]["arms"][arm], times=m.log) for m in columns)] for arm, kind in doc["arms"].items()]
+    rows += [[f"paper (3B) {name}", kind, *(f"{paper.TABLE5[kind][block][0]:g}" for block in ("attention_logits", "hidden_states")), MISSING, MISSING]
              for kind, name in (("standard", "Transformer"), ("diff", "DIFF"))]
-    return md_table(["arm", "kind", f"{TOP1_LOGITS.label}: mean [95% CI]", f"{TOP1_HIDDEN.label}: mean [95% CI]"], rows)
+    header = ["arm", "kind", *(f"{m.label}: {'geometric mean' if m.log else 'mean'} [95% CI]" for m in columns)]
+    return md_table(header, rows)
 
 
 def sinks_markdown(doc: dict) -> str:
-    """Sink score, the share of seeds with a sink head, and the BOS peak ÷ median per arm across seeds."""
+    """Sink score, sink mass, the share of seeds with a sink head (with the exact McNemar test against the
+    reference), and the BOS peak ÷ median per arm across seeds (all exploratory)."""
     metrics = doc["metrics"]
-    rows = [[arm, interval(metrics[SINK_SCORE.key]["arms"][arm]), _share(doc["sink_share"][arm]),
-             interval(metrics[BOS_RATIO.key]["arms"][arm], times=True)] for arm in doc["arms"]]
-    header = ["arm", "sink score: mean [95% CI]", "seeds with a sink head (share [95% CI])", "BOS peak ÷ median: geometric mean [95% CI]"]
+    rows = []
+    for arm in doc["arms"]:
+        entry = doc["sink_share"][arm]
+        test = entry.get("mcnemar")
+        mcnemar = MISSING if test is None else f"{test['reference_only']} / {test['other_only']}, p {_p(test['p'])}"
+        rows.append([arm, interval(metrics[SINK_SCORE.key]["arms"][arm]), interval(metrics[SINK_MASS.key]["arms"][arm]), _share(entry), mcnemar,
+                     interval(metrics[BOS_RATIO.key]["arms"][arm], times=True)])
+    header = ["arm", "sink score: mean [95% CI]", "sink mass (largest head's mean attention on position 0): mean [95% CI]",
+              "seeds with a sink head (share [95% CI])", f"sink head in {doc['reference']} only / arm only: exact McNemar p",
+              "BOS peak ÷ median: geometric mean [95% CI]"]
     return md_table(header, rows)
 
 
@@ -63,7 +114,9 @@ def _paired_row(metric: dict, arm: str, reference: str) -> list[str]:
     ratio = metric["comparison"] == "reference ÷ arm"
     what = f"{reference} ÷ {arm}" if ratio else f"{arm} − {reference}"
     per_seed = ", ".join(_g(v) for v in pair["per_seed"].values())
-    return [metric["label"], what, interval(pair, times=ratio), f"{pair['reference_higher']} / {pair['other_higher']} / {pair['equal']}", per_seed]
+    family = f"primary (Holm p {_p(pair['holm_p'])})" if pair["family"] == "primary" else "exploratory"
+    return [metric["label"], what, interval(pair, times=ratio), f"{pair['reference_higher']} / {pair['other_higher']} / {pair['equal']}",
+            pair["test"], _p(pair["p"]), family, per_seed]
 
 
 def paired_markdown(doc: dict, lowest_bits_only: bool = True) -> str:
@@ -81,7 +134,7 @@ def paired_markdown(doc: dict, lowest_bits_only: bool = True) -> str:
             lowest[group] = key
     keys += list(lowest.values()) if lowest_bits_only else list(cells)
     rows = [_paired_row(metrics[key], arm, reference) for key in keys for arm in doc["arms"] if arm in metrics[key].get("paired", {})]
-    header = ["metric", "comparison", "mean [95% CI]", f"seeds: {reference} higher / arm higher / equal", "per seed"]
+    header = ["metric", "comparison", "mean [95% CI]", f"seeds: {reference} higher / arm higher / equal", "test", "p (unadjusted)", "family", "per seed"]
     return md_table(header, rows)
 
 
@@ -110,8 +163,9 @@ def seeds_sections(doc: dict, label: str = "") -> list[str]:
     tag = f" ({label})" if label else ""
     return [
         f"## Across seeds: method{tag}\n\n" + method_markdown(doc),
+        f"## Primary comparisons with `{doc['reference']}`, Holm-corrected{tag}\n\n" + primary_markdown(doc),
         f"## Largest activation values across seeds (the paper's Table 5, Top-1){tag}\n\n" + table5_markdown(doc),
-        f"## Attention sinks and the BOS peak across seeds{tag}\n\n" + sinks_markdown(doc),
+        f"## Attention sinks and the BOS peak across seeds (exploratory){tag}\n\n" + sinks_markdown(doc),
         f"## Paired comparisons with `{doc['reference']}`{tag}\n\n" + paired_markdown(doc),
         f"## Accuracy with quantization across seeds (the paper's Figure 8){tag}\n\n" + sweep_markdown(doc),
     ]

@@ -29,6 +29,7 @@ else:  # pragma: no cover
 
 import torch
 
+from quantdiff.across_seeds.metrics import MODEL_METRICS, sweep_key
 from quantdiff.core.atomic import check_name_length
 from quantdiff.core.errors import ConfigError
 from quantdiff.core.memory import check_fits
@@ -40,6 +41,7 @@ from quantdiff.data import bigram_backcopy
 from quantdiff.models.pairs import ALL_KINDS, KINDS, SizePreset, check_seed, preset_from_dict
 from quantdiff.quant.numerics import check_bits
 from quantdiff.quant.registry import method_name, site_name
+from quantdiff.report.markdown import reference_name
 from quantdiff.train.recipe_types import check_types
 
 SOURCES = (*CORPORA, bigram_backcopy.NAME)  # the Debian text corpora and the synthetic task
@@ -123,6 +125,10 @@ class AnalysisConfig:
     bits: list[int] = field(default_factory=lambda: [16, 8, 6, 4])
     methods: list[str] = field(default_factory=lambda: ["absmax", "llm_int8"])
     sites: list[str] = field(default_factory=lambda: ["logits", "qk", "linear"])
+    # The primary comparisons, named before the run: each of primary_arms against the reference arm on each of
+    # primary_metrics (seeds.json keys), Holm-corrected as one family in the report; all else is exploratory.
+    primary_metrics: list[str] = field(default_factory=list)
+    primary_arms: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -209,6 +215,7 @@ def parse_recipe(source: str, name: str) -> Recipe:
     arms = _arms(doc["arms"]) if "arms" in doc else DEFAULT_ARMS
     recipe = Recipe(name=name, source=source, model=model, arms=arms, **sections)
     _check(recipe)
+    _check_primary(recipe)
     _check_emergence_options(recipe)
     _check_seeds(recipe.train, doc.get("train", {}))
     return recipe
@@ -300,6 +307,32 @@ def _check(recipe: Recipe) -> None:
             check_bits(bits)
     except ConfigError as exc:
         raise ConfigError(f"[analysis] {exc}") from None
+
+
+def _check_primary(recipe: Recipe) -> None:
+    """[analysis] primary_metrics × primary_arms: set together, without repeats, each arm one the reference arm
+    is compared with, each metric a model metric of across_seeds.metrics or a sweep cell this recipe's run makes."""
+    from quantdiff.jobs.measure_arms import TEXT_TASKS  # it imports this module
+
+    analysis = recipe.analysis
+    metrics, arms = analysis.primary_metrics, analysis.primary_arms
+    if bool(metrics) != bool(arms):
+        raise ConfigError("[analysis] primary_metrics and primary_arms name the primary comparisons together: set both or neither")
+    for key, items in (("primary_metrics", metrics), ("primary_arms", arms)):
+        if len(set(items)) != len(items):
+            raise ConfigError(f"[analysis] {key} lists a name twice: {items}")
+    reference = reference_name({arm.name: arm.kind for arm in recipe.arms})
+    compared = [name for name in recipe.arm_names if name != reference]
+    for arm in arms:
+        if arm not in compared:
+            raise ConfigError(f"[analysis] primary_arms: {arm!r} is not an arm compared with the reference arm {reference!r} (those are: {', '.join(compared) or 'none'})")
+    tasks = ("bb",) if recipe.synthetic else TEXT_TASKS
+    cells = {sweep_key(task, site, method_name(method), bits) for task in tasks for site in analysis.sites for method in analysis.methods for bits in analysis.bits}
+    model_keys = [m.key for m in MODEL_METRICS]
+    for metric in metrics:
+        if metric not in model_keys and metric not in cells:
+            raise ConfigError(f"[analysis] primary_metrics: unknown metric {metric!r} (known: {', '.join(model_keys)}, or sweep/<task>/<site>/<method>/<bits> "
+                              f"with task {' or '.join(tasks)} and this recipe's sites, methods and bits, e.g. {sweep_key(tasks[0], analysis.sites[-1], method_name(analysis.methods[0]), analysis.bits[-1])})")
 
 
 def _check_sizes(recipe: Recipe) -> None:

@@ -1,0 +1,91 @@
+"""The published multi-seed result (results/bb) against an independent recomputation from its per-seed JSON:
+the primary comparisons' p-values and their Holm adjustment (Holm 1979), computed here with scipy's t test, a
+brute-force sign-flip enumeration and a hand-written Holm step-down, must be what seeds.json and report.md
+publish; and the family must be the one the recipe names."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from quantdiff.train.recipe import load_recipe
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "bb"
+
+
+def _per_seed_values(seed: int) -> dict[str, dict[str, float]]:
+    """{metric key: {arm: value}} of the primary metrics, read straight from seed-<s>/stats.json and sweep.json."""
+    stats = json.loads((RESULTS / f"seed-{seed}" / "stats.json").read_text())
+    sweep = json.loads((RESULTS / f"seed-{seed}" / "sweep.json").read_text())
+    values: dict[str, dict[str, float]] = {}
+    for model in stats["models"]:
+        for block in ("attention_logits", "hidden_states"):
+            values.setdefault(f"table5/{block}/top1", {})[model["name"]] = max(abs(t["value"]) for t in model[block]["topk"])
+    for cell in sweep["cells"]:
+        if cell["bits"] is not None and cell["valid"]:
+            values.setdefault(f"sweep/{cell['task']}/{cell['site']}/{cell['method']}/{cell['bits']}", {})[cell["model"]] = cell["accuracy"]
+    return values
+
+
+def _sign_flip(d: list[float]) -> float:
+    observed = abs(sum(d))
+    hits = sum(abs(sum(s * x for s, x in zip(signs, d))) >= observed - 1e-12 for signs in itertools.product((1, -1), repeat=len(d)))
+    return hits / 2 ** len(d)
+
+
+def _holm(p: list[float]) -> list[float]:
+    m, out, running = len(p), [0.0] * len(p), 0.0
+    for rank, i in enumerate(sorted(range(m), key=p.__getitem__)):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def test_the_published_holm_adjusted_p_values_recompute_from_the_per_seed_json():
+    stats = pytest.importorskip("scipy.stats")
+    doc = json.loads((RESULTS / "seeds.json").read_text())
+    seeds = sorted(int(p.name.removeprefix("seed-")) for p in RESULTS.glob("seed-*"))
+    assert doc["seeds"] == seeds
+    analysis = load_recipe("bb").analysis
+    assert (doc["primary"]["metrics"], doc["primary"]["arms"]) == (analysis.primary_metrics, analysis.primary_arms)
+    values = [_per_seed_values(s) for s in seeds]
+    family, p = [], []
+    for key in analysis.primary_metrics:
+        for arm in analysis.primary_arms:
+            reference, other = [v[key]["standard"] for v in values], [v[key][arm] for v in values]
+            if key.startswith("table5/"):  # standard ÷ arm, compared on the log scale: the paired t test
+                p.append(stats.ttest_1samp([math.log(r / o) for r, o in zip(reference, other)], 0.0).pvalue)
+            else:  # arm − standard, bounded: the sign-flip permutation test, every sign assignment
+                p.append(_sign_flip([o - r for r, o in zip(reference, other)]))
+            family.append((key, arm))
+    adjusted = _holm(p)
+    published = {(c["metric"], c["arm"]): c for c in doc["primary"]["comparisons"]}
+    assert list(published) == family and len(family) == 15
+    report = (RESULTS / "report.md").read_text()
+    for item, p_value, holm_p in zip(family, p, adjusted):
+        entry = published[item]
+        assert entry["p"] == pytest.approx(p_value, rel=1e-9) and entry["holm_p"] == pytest.approx(holm_p, rel=1e-9)
+        assert entry["detected"] == (holm_p <= 0.05)
+        assert doc["metrics"][item[0]]["paired"][item[1]]["holm_p"] == entry["holm_p"]
+        verdict = "difference detected" if holm_p <= 0.05 else "no difference detected"
+        holm_text = f"{holm_p:.2g}" if holm_p >= 0.001 else f"{holm_p:.1e}"
+        assert any(line.endswith(f"| {holm_text} | {verdict} |") and f" {item[1]} " in line for line in report.splitlines()), item
+    # with eight seeds only the SGD control's two Top-1 contrasts survive the correction
+    assert {item for item, holm_p in zip(family, adjusted) if holm_p <= 0.05} == {
+        ("table5/attention_logits/top1", "standard-sgd"), ("table5/hidden_states/top1", "standard-sgd")}
+
+
+def test_every_other_comparison_is_labelled_exploratory():
+    doc = json.loads((RESULTS / "seeds.json").read_text())
+    primary = {(c["metric"], c["arm"]) for c in doc["primary"]["comparisons"]}
+    for key, block in doc["metrics"].items():
+        for arm, pair in block.get("paired", {}).items():
+            assert pair["family"] == ("primary" if (key, arm) in primary else "exploratory")
+            assert ("holm_p" in pair) == ((key, arm) in primary)
+    assert doc["sink_share"]["sink"]["mcnemar"] == {"reference_only": 3, "other_only": 0, "both": 0, "neither": 5, "p": 0.25}
+    text = (RESULTS / "report.md").read_text()
+    assert "Holm (1979)" in text and "exploratory" in text and "exact McNemar" in text and "all 2^8 = 256 sign assignments" in text

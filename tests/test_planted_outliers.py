@@ -32,7 +32,7 @@ CHANNEL, MASSIVE_TOKEN, MASSIVE = 7, 5, 1000.0
 NORM_GAIN = 50.0  # the norms' weight on CHANNEL: the projections' inputs see ≈ 8·50 = 400 at planted tokens
 LOGIT_LAYER, HEAD, QUERY_SCALE = 1, 1, 400.0
 CAPTURE = "planted_capture"
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")])]
 DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16}
 
 

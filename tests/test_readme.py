@@ -24,6 +24,7 @@ README_MAX_LINES = 200  # one page to start: the reference lives in docs/
 SKIPPED = {
     "make reproduce": "minutes: `quantdiff reproduce` end to end is tested by test_reproduce.py",
     "make test": "runs this very suite",
+    "bash scripts/gpu_run.sh": "minutes, or the network (--pack): the script's --smoke run is tested by test_gpu_run.py",
     "quantdiff stats MY_MODEL": "MY_MODEL stands for the reader's own model",
     "torchrun": "MY_MODEL stands for the reader's own model; needs several processes",
     "quantdiff train": "trains for minutes; training is tested by test_train.py, test_seeds.py and test_cli_habits.py",

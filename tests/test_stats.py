@@ -225,6 +225,7 @@ def test_any_split_merges_to_the_naive_answer(data, cuts, k):
     assert summary["count"] == len(data) == int(merged.hist.sum())
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_statistics_equal_cpu_statistics():
     x = _heavy_tailed((4, 3, 5000), seed=11)

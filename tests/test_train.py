@@ -242,3 +242,27 @@ def test_existing_pair_is_not_overwritten_without_force(synthetic_corpus, recipe
         (tmp_path / kind / "config.json").write_text("{}")
     with pytest.raises(training.ConfigError, match="--force"):
         training.train_pair(recipe, tmp_path)
+
+
+def test_set_changes_the_recipe_text_so_the_saved_recipe_says_what_trained(synthetic_corpus, tmp_path, capsys):
+    from quantdiff.cli.app import main
+    from quantdiff.cli.commands.train import with_settings
+
+    text = with_settings(RECIPE, ["train.steps=3", "train.device=cpu", "tasks.retrieval_needles=[1]", "train.log_every=1", "analysis.bits=[8, 4]"])
+    changed = parse_recipe(text, "unit")
+    assert (changed.train.steps, changed.train.device, changed.tasks.retrieval_needles, changed.train.log_every) == (3, "cpu", [1], 1)
+    assert changed.analysis.bits == [8, 4] and text.count("[analysis]") == 1  # a missing section is added once
+    assert changed.train.batch_size == 4 and "steps = 6" not in text and "steps = 3  # --set" in text
+
+    (tmp_path / "unit.toml").write_text(RECIPE)
+    main(["train", str(tmp_path / "unit.toml"), "--out", str(tmp_path / "run"), "--set", "train.steps=3", "-q"])
+    capsys.readouterr()  # transformers' saving bars
+    saved = (tmp_path / "run" / "standard" / "recipe.toml").read_text()
+    assert parse_recipe(saved, "unit").train.steps == 3 == json.loads((tmp_path / "run" / "standard" / "train_log.json").read_text())["steps"]
+
+    for bad, message in [("steps=3", "--set takes SECTION.KEY=VALUE"), ("arms.lr=1", "--set takes SECTION.KEY=VALUE"),
+                         ("train.stpes=3", "unknown key 'stpes' in [train]"), ("train.steps=x", "[train] steps must be an integer")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["train", str(tmp_path / "unit.toml"), "--out", str(tmp_path / "other"), "--set", bad])
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code != 0 and len(err.splitlines()) == 1 and message in err, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +13,7 @@ from quantdiff.cli.options import JsonOpt, QuietOpt
 
 # What the --json result repeats of each arm's train_log.json (the whole log stays beside the model).
 LOG_FIELDS = ("kind", "parameters", "steps", "tokens", "held_out_loss", "unigram_entropy", "final_train_loss", "wall_time_s")
+SETTABLE = ("data", "model", "train", "tasks", "analysis")  # the sections of one key = value each ([[arms]] are tables)
 
 
 def train(
@@ -19,6 +21,7 @@ def train(
     out: Annotated[Path | None, typer.Option(help="Where the models go (OUT/<arm>: OUT/standard, OUT/diff by default; a recipe listing seeds: OUT/seed-<s>/<arm>); default runs/<recipe name>.")] = None,
     force: Annotated[bool, typer.Option(help="Retrain from scratch: ignore checkpoints and replace existing models (every seed), and an existing --json file.")] = False,
     jobs: Annotated[int, typer.Option("--jobs", help="Seeds trained at once, in worker processes sharing the CPU threads (each seed's output in OUT/seed-<s>/train_output.txt).")] = 1,
+    settings: Annotated[list[str] | None, typer.Option("--set", help="SECTION.KEY=VALUE: a recipe value changed for this run (repeatable; VALUE in TOML, a bare word is a string), e.g. --set train.steps=500. The recipe.toml saved beside the models says so.")] = None,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -32,11 +35,13 @@ def train(
     from quantdiff.cli.validate import check_positive
     from quantdiff.report.console import line_console
     from quantdiff.train.guards import check_out
-    from quantdiff.train.recipe import load_recipe
+    from quantdiff.train.recipe import load_recipe, parse_recipe
     from quantdiff.train.seeds import run_dirs, train_seeds
 
     check_positive(jobs=jobs)
     parsed = load_recipe(recipe)
+    if settings:
+        parsed = parse_recipe(with_settings(parsed.source, settings), parsed.name)
     out = out or Path("runs") / parsed.name
     sources = [p for p in [Path(recipe)] if p.is_file()]
     # the models are written at the end: refuse what they may not replace before training
@@ -61,3 +66,41 @@ def _run_records(runs: dict[int, dict[str, Path]]) -> list[dict]:
             log = json.loads((path / "train_log.json").read_text(encoding="utf-8"))
             records.append({"seed": seed, "arm": arm, "path": str(path), **{key: log.get(key) for key in LOG_FIELDS}})
     return records
+
+
+def with_settings(source: str, settings: list[str]) -> str:
+    """Recipe text with each SECTION.KEY=VALUE set: the key's line replaced, or added at the top of its section
+    (the section appended if absent). Text rather than parsed values, so that the recipe.toml saved beside the
+    models, which resuming and `reproduce` read, is exactly what trained them."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    from quantdiff.core.errors import ConfigError
+    from quantdiff.train.recipe_types import toml_text
+
+    lines = source.splitlines()
+    for setting in settings:
+        match = re.fullmatch(r"([a-z_]+)\.([a-z_0-9]+)=(.*)", setting.strip())  # no newline: one line of TOML
+        if not match or match.group(1) not in SETTABLE:
+            raise ConfigError(f"--set takes SECTION.KEY=VALUE with SECTION one of {', '.join(SETTABLE)}, got {setting!r}")
+        section, key, value = match.groups()
+        try:
+            value = toml_text(tomllib.loads(f"v = {value}")["v"])
+        except tomllib.TOMLDecodeError:
+            value = toml_text(value)  # a bare word: a string
+        line = f"{key} = {value}  # --set"
+        header = next((i for i, text in enumerate(lines) if re.match(rf"\s*\[{section}\]\s*(#.*)?$", text)), None)
+        if header is None:
+            lines += ["", f"[{section}]", line]
+            continue
+        end = next((i for i in range(header + 1, len(lines)) if re.match(r"\s*\[", lines[i])), len(lines))
+        found = next((i for i in range(header + 1, end) if re.match(rf"\s*{key}\s*=", lines[i])), None)
+        if found is None:
+            lines.insert(header + 1, line)
+        else:
+            lines[found] = line
+    return "\n".join(lines) + "\n"

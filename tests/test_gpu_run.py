@@ -1,0 +1,106 @@
+"""scripts/gpu_run.sh, the one command a lent GPU runs (issue 36), end to end on CPU at its --smoke size: what
+comes back under $OUT, the sizing of the steps, the report, a second call that skips what the first finished,
+and bad input refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from quantdiff.data import corpus
+from quantdiff.train.recipe import parse_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "gpu_run.sh"
+STEPS = {"cuda-tests", "bench-stats", "bench-quant", "bench-train", "probe", "train", "reproduce"}
+# diffv2, gated and sink fail on this branch's transformers 5.24 (it passes the backend `cache=`, not
+# `past_key_values=`); main fixes that, and then this tuple empties and the smoke trains all six arms.
+UNTRAINABLE_HERE = ("diffv2", "gated", "sink")
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "OUT"}  # the device tool's variable
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=cwd, env={**env, "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=600)
+
+
+def _recipe(tmp_path: Path) -> Path:
+    """recipes/gpu.toml less the arms this branch cannot train."""
+    blocks = re.split(r"(?m)^(?=\[\[arms\]\])", (REPO / "recipes" / "gpu.toml").read_text(encoding="utf-8"))
+    kept = [b for b in blocks if not any(f'kind = "{kind}"' in b for kind in UNTRAINABLE_HERE)]
+    path = tmp_path / "gpu.toml"
+    path.write_text("".join(kept), encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(corpus.find_rdata() is None and not (REPO / ".whl" / "corpus").is_dir(),
+                    reason="corpus not installed (python -m quantdiff.data.corpus --install)")
+def test_smoke_run_returns_its_results_and_a_second_call_skips_what_is_done(tmp_path):
+    recipe, out, work = _recipe(tmp_path), tmp_path / "out", tmp_path / "work"
+    arms = parse_recipe(recipe.read_text(encoding="utf-8"), "gpu").arm_names
+    result = _run("--smoke", "--recipe", str(recipe), "--out", str(out), "--work", str(work), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    # What the device tool brings back: at most 8 plain files of at most 16 MiB, here all at the top.
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["benchmarks.txt", "report.md", "results.tar.gz", "summary.json"]
+    assert all((out / name).is_file() and (out / name).stat().st_size <= 16 * 2**20 for name in files)
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["schema"], summary["mode"], summary["calls"], summary["report"]) == ("quantdiff.gpu_run", "smoke", 1, True)
+    assert {s["name"]: s["status"] for s in summary["steps"]} == dict.fromkeys(STEPS, "ok")
+    assert summary["preflight"]["torch"] == torch.__version__ and summary["preflight"]["corpus"]
+    sizing = summary["sizing"]
+    assert sizing["step_s"] > 0 and 8 <= sizing["steps"] <= sizing["ceiling"] == 30
+    assert sorted(r["arm"] for r in summary["train"]) == sorted(arms)
+    assert all(r["steps"] == sizing["steps"] and r["tokens"] == sizing["steps"] * 4 * 128 for r in summary["train"])
+
+    bench = (out / "benchmarks.txt").read_text()
+    assert "stats/eager" in bench and "fake-quant logits int8" in bench and "Diff / standard throughput" in bench
+    assert "Table 5" in (out / "report.md").read_text()
+
+    with tarfile.open(out / "results.tar.gz") as archive:
+        names = set(archive.getnames())
+        assert {"report/report.md", "report/stats.json", "report/sweep.json", "preflight.json", "sizing.json"} <= names
+        assert {f"logs/{step}.log" for step in STEPS} <= names
+        assert not any(name.endswith(".safetensors") for name in names)  # no weights
+        for arm in arms:
+            log = json.load(archive.extractfile(f"train/{arm}/train_log.json"))
+            assert log["steps"] == sizing["steps"] and len(log["outliers"]) == sizing["steps"] // sizing["every"]  # emergence tracked
+            saved = parse_recipe(archive.extractfile(f"train/{arm}/recipe.toml").read().decode(), "gpu")
+            assert saved.train.steps == sizing["steps"] and saved.train.bos and saved.data.corpus_names == ("janeaustenr",)
+        assert json.load(archive.extractfile("reproduce.json"))["schema"] == "quantdiff.reproduce"
+
+    again = _run("--smoke", "--recipe", str(recipe), "--out", str(out), "--work", str(work), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert all(f"== {step}: done in an earlier call, skipped" in again.stdout for step in STEPS)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["calls"] == 2 and [s["call"] for s in summary["steps"]] == [1] * len(STEPS)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--bogus"], "unknown argument '--bogus'"),
+    (["--out"], "--out needs a value"),
+    (["--smoke", "--recipe", "no-such.toml"], "no recipe file 'no-such.toml'"),
+])
+def test_bad_arguments_are_refused_in_one_line(tmp_path, args, message):
+    result = _run(*args, cwd=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_the_gpu_run_refuses_a_machine_without_cuda(tmp_path):
+    result = _run("--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: no CUDA device")
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["preflight"]["cuda_available"] is False

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tarfile
@@ -21,9 +20,6 @@ from quantdiff.train.recipe import parse_recipe
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_run.sh"
 STEPS = {"cuda-tests", "bench-stats", "bench-quant", "bench-train", "probe", "train", "reproduce"}
-# diffv2, gated and sink fail on this branch's transformers 5.24 (it passes the backend `cache=`, not
-# `past_key_values=`); main fixes that, and then this tuple empties and the smoke trains all six arms.
-UNTRAINABLE_HERE = ("diffv2", "gated", "sink")
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -32,20 +28,11 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def _recipe(tmp_path: Path) -> Path:
-    """recipes/gpu.toml less the arms this branch cannot train."""
-    blocks = re.split(r"(?m)^(?=\[\[arms\]\])", (REPO / "recipes" / "gpu.toml").read_text(encoding="utf-8"))
-    kept = [b for b in blocks if not any(f'kind = "{kind}"' in b for kind in UNTRAINABLE_HERE)]
-    path = tmp_path / "gpu.toml"
-    path.write_text("".join(kept), encoding="utf-8")
-    return path
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(corpus.find_rdata() is None and not (REPO / ".whl" / "corpus").is_dir(),
                     reason="corpus not installed (python -m quantdiff.data.corpus --install)")
 def test_smoke_run_returns_its_results_and_a_second_call_skips_what_is_done(tmp_path):
-    recipe, out, work = _recipe(tmp_path), tmp_path / "out", tmp_path / "work"
+    recipe, out, work = REPO / "recipes" / "gpu.toml", tmp_path / "out", tmp_path / "work"  # all six arms
     arms = parse_recipe(recipe.read_text(encoding="utf-8"), "gpu").arm_names
     result = _run("--smoke", "--recipe", str(recipe), "--out", str(out), "--work", str(work), cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -14,7 +14,7 @@ from quantdiff.cli.app import main
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import loading
 from quantdiff.models.names import resolve
-from quantdiff.models.pairs import ALL_KINDS, build_pair
+from quantdiff.models.pairs import ALL_KINDS, SizePreset, build_pair
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport, pack_int4, unpack_int4
 from quantdiff.quant.export import export_quantized, stored_weights
 from quantdiff.quant.formats import parse_export
@@ -357,3 +357,56 @@ def test_cli_eval_of_the_written_file_gives_the_in_memory_figures(tmp_path, monk
         expected = task.evaluate(source, prepared)
     assert reloaded.metrics["loss"] == pytest.approx(expected["loss"], rel=1e-6) and reloaded.metrics["tokens"] == expected["tokens"]
     assert reloaded.metrics["loss"] != pytest.approx(source_cell.metrics["loss"], rel=1e-4)  # the weights really changed
+
+
+# ---- exit 0 means the export reloads: every format, every model kind, the `pair` byte tokenizer among them -----
+
+# Vocabulary 1536: both the pair's byte tokenizer and tiny's BPE tokenizer (with merges) fit; GQA (4 heads, 2 KV).
+RELOAD_PRESET = SizePreset(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=1536, max_position_embeddings=64)
+EXPORT_ARGS = {
+    "absmax": ["--bits", "4"],
+    "llm-int8": ["--method", "llm-int8", "--bits", "8"],
+    "nf4": ["--method", "nf4", "--bits", "4"],
+    "compressed-tensors": ["--format", "compressed-tensors", "--bits", "4"],
+    "gguf": ["--format", "gguf", "--bits", "8"],
+}
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    """Every kind as `quantdiff pair` writes it (byte-level BPE without merges), and a standard GQA model with a
+    BPE tokenizer with merges (`merges`), which a GGUF file can hold."""
+    import shutil
+
+    from quantdiff.core.savedir import save_pair
+    from quantdiff.models.tokenizer import bytes_tokenizer
+
+    root = tmp_path_factory.mktemp("pair")
+    models = build_pair(RELOAD_PRESET, seed=0, kinds=ALL_KINDS)
+    save_pair(models, root / "P", tokenizer=bytes_tokenizer())
+    dirs = {kind: root / "P" / kind for kind in models}
+    models["standard"].save_pretrained(root / "merges")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(resolve("tiny/standard")[0] / name, root / "merges" / name)
+    return {**dirs, "merges": root / "merges"}
+
+
+@pytest.mark.parametrize("fmt", list(EXPORT_ARGS))
+@pytest.mark.parametrize("kind", [*ALL_KINDS, "merges"])
+def test_an_export_that_exits_0_reloads_else_one_line_and_no_file(pair_dirs, tmp_path, capsys, gguf_cache, kind, fmt):
+    out = tmp_path / ("q.gguf" if fmt == "gguf" else "q")
+    try:
+        main(["quantize", str(pair_dirs[kind]), "--out", str(out), "-q", *EXPORT_ARGS[fmt]])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    if code == 0:
+        load(out, device="cpu")
+        load_tokenizer(out)
+    else:
+        assert err.startswith("error: ") and err.count("\n") == 1 and "internal error" not in err, err
+        assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["cache"] or list(tmp_path.iterdir()) == []
+    if fmt == "gguf":  # refused up front by name: a differential architecture, or a tokenizer without merges
+        assert code == (0 if kind == "merges" else 1), err
+        assert kind == "merges" or ("without merges" in err if kind == "standard" else "llama.cpp" in err), err

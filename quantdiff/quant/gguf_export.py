@@ -23,13 +23,14 @@ from quantdiff.core.atomic import atomic_file, signals_deferred
 from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.outputs import check_outputs
 from quantdiff.core.owned import GGUF_KEY, check_replaceable
+from quantdiff.models.gguf_model import read_gguf
 from quantdiff.models.loading import load
 from quantdiff.models.names import resolve
 from quantdiff.models.wheels import WHEEL_MODELS, wheel_file
 from quantdiff.models.source import model_source
-from quantdiff.quant.export import ExportSummary, _plain_tensors, _refuse_nonfinite, _tied_to_other
+from quantdiff.quant.export import ExportSummary, _plain_tensors, _refuse_nonfinite, _tied_to_other, check_reloads
 from quantdiff.quant.gguf_format import GGUFExport
-from quantdiff.quant.gguf_tokenizer import add_bpe_tokenizer
+from quantdiff.quant.gguf_tokenizer import add_bpe_tokenizer, check_bpe_tokenizer
 from quantdiff.quant.sites import LinearSite, linear_targets
 
 
@@ -96,6 +97,8 @@ def export_gguf(
     _check_out(out, force, [source, *([gguf_source] if gguf_source else [])])
     config = json.loads((source / "config.json").read_text())
     arch = gguf_architecture(config, source)
+    if gguf_source is None:  # a tokenizer the file cannot hold is refused before the (slow) load
+        check_bpe_tokenizer(source)
     network = load(source, device="cpu")
     _refuse_nonfinite(network, source)
     targets = linear_targets(network, LinearSite(include_lm_head=include_lm_head), allow_partial)
@@ -111,11 +114,15 @@ def export_gguf(
         "quantdiff_version": __version__, "source": model_source(source),
     }
     tensors, quantized_bytes = _gguf_tensors(network, config, fmt, chosen, arch)
-    with atomic_file(out, force, "--out") as tmp, signals_deferred():
-        _write(tmp, arch, config, source, gguf_source, fmt, tensors, section)
-        _verify(tmp, tensors)
-    source_bytes = gguf_source.stat().st_size if gguf_source else sum(f.stat().st_size for f in source.glob("*.safetensors"))
     bf16_bytes = sum(module.weight.numel() * 2 for _, module in targets)
+    del network, targets  # the read-back below holds a second copy: not three
+    with atomic_file(out, force, "--out") as tmp:
+        with signals_deferred():
+            _write(tmp, arch, config, source, gguf_source, fmt, tensors, section)
+            _verify(tmp, tensors)
+        del tensors
+        check_reloads(out, lambda: read_gguf(tmp, out))  # as `quantdiff.load` converts it: model and tokenizer
+    source_bytes = gguf_source.stat().st_size if gguf_source else sum(f.stat().st_size for f in source.glob("*.safetensors"))
     return ExportSummary(out, section, sorted(chosen), skipped, source_bytes, out.stat().st_size, quantized_bytes, bf16_bytes)
 
 

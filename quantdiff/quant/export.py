@@ -21,7 +21,7 @@ from quantdiff.models.loading import PICKLE_SUFFIXES, load
 from quantdiff.models.source import model_source
 from quantdiff.quant.checkpoint import load as load_checkpoint, quantization_format
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport
-from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors
+from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors, check_attention_recordable
 from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets
 from quantdiff.quant.transforms import Transform, check_exportable, export_transform
@@ -72,8 +72,10 @@ def export_quantized(
     if already is not None:  # its linear layers hold codes, not weights: there is nothing left to quantize
         raise ConfigError(f"{source} is already quantized (format {already}): quantize the unquantized model instead")
     check_exportable(transform, isinstance(fmt, AbsmaxExport))
-    if attention is not None and isinstance(attention.site, LinearSite):
-        raise ConfigError("only an attention quantization (site logits or qk) can be recorded with an export")
+    if attention is not None:
+        check_attention_recordable(fmt)
+        if isinstance(attention.site, LinearSite):
+            raise ConfigError("only an attention quantization (site logits or qk) can be recorded with an export")
     model = load(source, device="cpu", trust_remote_code=trust_remote_code)
     _refuse_nonfinite(model, source)
     targets = linear_targets(model, LinearSite(include_lm_head=include_lm_head), allow_partial)

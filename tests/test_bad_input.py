@@ -393,6 +393,31 @@ CASES += [
     ("eval-retrieval-context-beyond-positions", ["eval", "{src}", "--task", "retrieval", "--context", "100000"], None, None, "exceeds the model's 256 positions"),
 ]
 
+def _pair(tmp: Path) -> None:
+    """What `quantdiff pair` writes (its byte-level tokenizer), without the setup's progress bars."""
+    from transformers.utils import logging as hf_logging
+
+    from quantdiff.core.savedir import save_pair
+    from quantdiff.models.pairs import SizePreset, build_pair
+    from quantdiff.models.tokenizer import bytes_tokenizer
+
+    hf_logging.disable_progress_bar()
+    try:
+        save_pair(build_pair(SizePreset(64, 1, 4, vocab_size=300, max_position_embeddings=32), seed=0), tmp / "P", tokenizer=bytes_tokenizer())
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+# Issue 32: a builtin source's ids belong to one tokenizer, a GGUF file holds only a tokenizer transformers reads back.
+BB_IDS = "holds token ids of the Bigram-Backcopy character tokenizer"
+CASES += [
+    ("stats-bigram-backcopy-ids-into-a-text-model", ["stats", "{src}", "--data", "builtin:bigram-backcopy", "--tokens", "64"], None, None, BB_IDS),
+    ("quantize-calibrated-on-bigram-backcopy-ids", ["quantize", "{src}", "--out", "{tmp}/q", "--smooth", "0.5", "--calibration", "builtin:bigram-backcopy",
+                                                    "--calibration-tokens", "64"], None, None, BB_IDS),
+    ("gguf-export-of-pair-byte-tokenizer", ["quantize", "{tmp}/P/standard", "--out", "{tmp}/p.gguf", "--format", "gguf", "--bits", "8"], None, _pair,
+     "without merges"),
+]
+
 def _argv(template: list[str], src: Path, tmp: Path) -> list[str]:
     return [a.replace("{src}", str(src)).replace("{tmp}", str(tmp)) for a in template]
 
@@ -532,3 +557,8 @@ def test_stored_copies_of_computed_buffers_are_not_unexpected(tmp_path):
     _edit_weights(src, lambda t: t.__setitem__("model.layers.0.self_attn.rotary_emb.other", torch.ones(8)))
     with pytest.raises(LoadError, match="unexpected model.layers.0.self_attn.rotary_emb.other"):
         load(src, device="cpu")
+
+
+def test_bigram_backcopy_ids_still_measure_a_bigram_backcopy_model(tmp_path):
+    main(["stats", "bb/standard", "--data", "builtin:bigram-backcopy", "--tokens", "64", "-q", "--json", str(tmp_path / "s.json")])
+    assert json.loads((tmp_path / "s.json").read_text())["schema"].startswith("quantdiff.")

@@ -414,6 +414,11 @@ CASES += [
     ("stats-bigram-backcopy-ids-into-a-text-model", ["stats", "{src}", "--data", "builtin:bigram-backcopy", "--tokens", "64"], None, None, BB_IDS),
     ("quantize-calibrated-on-bigram-backcopy-ids", ["quantize", "{src}", "--out", "{tmp}/q", "--smooth", "0.5", "--calibration", "builtin:bigram-backcopy",
                                                     "--calibration-tokens", "64"], None, None, BB_IDS),
+    ("bnb-config-over-plain-weights", ["stats", "{src}", "--tokens", "32"],
+     _config(quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}), None,
+     "declares bitsandbytes quantization, but the checkpoint stores plain float weights"),
+    ("info-a-billion-layers", ["info", "{src}"], _config(num_hidden_layers=10**9), None, "describes 1,000,000,000 layers of width 128"),
+    ("quantize-a-billion-layers", ["quantize", "{src}", "--out", "{tmp}/q"], _config(num_hidden_layers=10**9), None, "refused before building the model"),
     ("gguf-export-of-pair-byte-tokenizer", ["quantize", "{tmp}/P/standard", "--out", "{tmp}/p.gguf", "--format", "gguf", "--bits", "8"], None, _pair,
      "without merges"),
 ]
@@ -562,3 +567,22 @@ def test_stored_copies_of_computed_buffers_are_not_unexpected(tmp_path):
 def test_bigram_backcopy_ids_still_measure_a_bigram_backcopy_model(tmp_path):
     main(["stats", "bb/standard", "--data", "builtin:bigram-backcopy", "--tokens", "64", "-q", "--json", str(tmp_path / "s.json")])
     assert json.loads((tmp_path / "s.json").read_text())["schema"].startswith("quantdiff.")
+
+
+def test_index_naming_shards_in_a_subdirectory_and_outside_loads(tmp_path):
+    """The weight index decides which files load, wherever they lie (docs/reliability.md, Loading)."""
+    d, elsewhere = tmp_path / "m", tmp_path / "elsewhere"
+    (d / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(SOURCE / name, d / name)
+    tensors = load_file(SOURCE / "model.safetensors")
+    keys = sorted(tensors)
+    save_file({k: tensors[k] for k in keys[::2]}, d / "sub" / "a.safetensors", metadata={"format": "pt"})
+    save_file({k: tensors[k] for k in keys[1::2]}, elsewhere / "b.safetensors", metadata={"format": "pt"})
+    index = {k: "sub/a.safetensors" if i % 2 == 0 else "../elsewhere/b.safetensors" for i, k in enumerate(keys)}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+    import quantdiff
+
+    loaded = quantdiff.load(d, device="cpu")
+    assert all(torch.equal(loaded.state_dict()[k], tensors[k]) for k in keys if k in loaded.state_dict())

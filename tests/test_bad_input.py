@@ -419,6 +419,9 @@ CASES += [
      "declares bitsandbytes quantization, but the checkpoint stores plain float weights"),
     ("info-a-billion-layers", ["info", "{src}"], _config(num_hidden_layers=10**9), None, "describes 1,000,000,000 layers of width 128"),
     ("quantize-a-billion-layers", ["quantize", "{src}", "--out", "{tmp}/q"], _config(num_hidden_layers=10**9), None, "refused before building the model"),
+    ("stats-device-empty", ["stats", "{src}", "--device", ""], None, None, "--device is empty: name a device"),
+    ("quantize-calibration-empty", ["quantize", "{src}", "--out", "{tmp}/q", "--smooth", "0.5", "--calibration", ""], None, None,
+     "--calibration is empty: name a data file"),
     ("gguf-export-of-pair-byte-tokenizer", ["quantize", "{tmp}/P/standard", "--out", "{tmp}/p.gguf", "--format", "gguf", "--bits", "8"], None, _pair,
      "without merges"),
 ]

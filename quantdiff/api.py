@@ -19,7 +19,7 @@ from quantdiff.core.memory import check_fits
 from quantdiff.data.sources import Batch, make_batches
 from quantdiff.models import loading
 from quantdiff.models.names import resolve
-from quantdiff.quant import checkpoint, export, gguf_export, sites
+from quantdiff.quant import checkpoint, export, formats, gguf_export, sites, transforms
 from quantdiff.quant.formats import ExportFormat
 from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.stats.collect import DEFAULT_K
@@ -38,6 +38,7 @@ def _one_model(model: str | Path) -> Path:
     return paths[0]
 
 
+@check.arguments
 def load(model: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | str | None = None, **kwargs: Any) -> nn.Module:
     """A built-in name ('tiny/diff', 'smollm2', 'gemma3'), a local model directory, a GGUF file (its dequantized copy), a
     hub id or a quantdiff export, on the quantdiff backend.
@@ -57,11 +58,13 @@ def load(model: str | Path, device: str | torch.device | None = None, dtype: tor
     return checkpoint.load(_one_model(model), device=device, dtype=wanted, **kwargs)
 
 
+@check.arguments
 def load_tokenizer(model: str | Path):
     """The tokenizer stored with a model (any name `load` takes)."""
     return loading.load_tokenizer(_one_model(model))
 
 
+@check.arguments
 def collect_stats(
     model: nn.Module,
     data: torch.Tensor | Sequence[Batch],
@@ -94,6 +97,7 @@ def _config(config: Any) -> sites.QuantConfig | None:
     return config
 
 
+@check.arguments
 @contextmanager
 def quantized(model: nn.Module, config: sites.QuantConfig | None, allow_partial: bool = False) -> Iterator[nn.Module]:
     """`model` quantized as `config` says inside the block (see `quant.sites.quantized`)."""
@@ -103,12 +107,14 @@ def quantized(model: nn.Module, config: sites.QuantConfig | None, allow_partial:
         yield inside
 
 
+@check.arguments
 def apply_quantization(model: nn.Module, config: sites.QuantConfig | None) -> sites.QuantizationHandle:
     """Fake-quantize `model` in place as `config` says until the handle's `remove()` (see `quant.sites`)."""
     check.quantdiff_model(model)
     return sites.apply_quantization(model, _config(config))
 
 
+@check.arguments
 def export_quantized(model: str | Path, out: str | Path, fmt: ExportFormat, **kwargs: Any) -> export.ExportSummary:
     """Quantize a model's linear weights and write a model directory at `out` (see `quant.export`), or with a
     GGUF format (`parse_export(..., format="gguf")`) the GGUF file `out` (see `quant.gguf_export`)."""
@@ -131,3 +137,22 @@ def export_quantized(model: str | Path, out: str | Path, fmt: ExportFormat, **kw
     source = _one_model(model)
     check_target(out, kwargs.get("force", False), model_inputs([model], [source]), flag="out", kind="export")
     return export.export_quantized(source, out, fmt, **kwargs)
+
+
+# The config builders, with their calls checked as every function here (their own checks cover the values).
+parse_config = check.arguments(sites.parse_config)
+parse_export = check.arguments(formats.parse_export)
+
+
+@check.arguments
+def calibrated_configs(configs: Sequence[sites.QuantConfig], model: nn.Module, tokenizer: Any, bos_id: int | None = None) -> list[sites.QuantConfig]:
+    """`configs` with every smoothing calibrated on `model` (see `quant.transforms.calibrated_configs`)."""
+    if isinstance(configs, (str, bytes)) or not isinstance(configs, Sequence):
+        raise ConfigError(f"configs must be a list of QuantConfig (quantdiff.parse_config(...)), got {check.kind_of(configs)}")
+    wrong = next((c for c in configs if not isinstance(c, sites.QuantConfig)), False)
+    if wrong is not False:
+        raise ConfigError(f"configs must be a list of QuantConfig (quantdiff.parse_config(...)), got a list holding {check.kind_of(wrong)}")
+    check.quantdiff_model(model)
+    if bos_id is not None and (isinstance(bos_id, bool) or not isinstance(bos_id, int) or bos_id < 0):
+        raise ConfigError(f"bos_id must be a token id (an integer of at least 0) or None, got {bos_id!r}")
+    return transforms.calibrated_configs(configs, model, tokenizer, bos_id)

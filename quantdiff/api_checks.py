@@ -4,14 +4,18 @@ or transformers."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from quantdiff.core.errors import ConfigError, DataError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # dtype names the API takes besides torch dtypes (the names of torch's own floating types and the usual short ones).
 DTYPE_NAMES = {
@@ -67,6 +71,22 @@ def tile_size(value: Any) -> int | None:
         return None
     positive_int(value, "tile_size (None or 0 = one tile)")
     return value
+
+
+def arguments(function: F) -> F:
+    """`function` with its call checked against its signature first: an unknown keyword, a missing or an extra
+    argument is one ConfigError line naming the parameters, as `load` refuses an unknown keyword."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"{function.__name__}(): {exc} (parameters: {', '.join(signature.parameters)})") from None
+        return function(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]
 
 
 def known_keywords(given: dict, known: Sequence[str], function: str) -> None:

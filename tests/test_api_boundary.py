@@ -52,6 +52,18 @@ CASES = [
     ("export-model-list", lambda m: quantdiff.export_quantized(["tiny/diff"], "q", quantdiff.parse_export("absmax", 4)), "model must be a model name or path"),
     ("parse-config-float-bits", lambda m: quantdiff.parse_config("absmax", 4.5, "logits"), "bits must be an integer"),
     ("parse-export-text-bits", lambda m: quantdiff.parse_export("absmax", "four"), "bits must be an integer"),
+    # Issue 32: every public function checks its call and its arguments, as `load` does.
+    ("parse-config-transform-number", lambda m: quantdiff.parse_config("absmax", 4, "linear", transform=42), "transform must be None, a HadamardRotation or a Smoothing"),
+    ("parse-config-transform-name", lambda m: quantdiff.parse_config("absmax", 4, "linear", transform="hadamard"), "transform must be None, a HadamardRotation"),
+    ("parse-config-unknown-keyword", lambda m: quantdiff.parse_config("absmax", 4, "linear", rotate="hadamard"), "parse_config(): got an unexpected keyword argument 'rotate'"),
+    ("parse-config-missing-site", lambda m: quantdiff.parse_config("absmax", 4), "parse_config(): missing a required argument: 'site'"),
+    ("parse-export-unknown-keyword", lambda m: quantdiff.parse_export("absmax", 4, groupsize=32), "parse_export(): got an unexpected keyword argument 'groupsize'"),
+    ("collect-unknown-keyword", lambda m: quantdiff.collect_stats(m, IDS, top_k=3), "collect_stats(): got an unexpected keyword argument 'top_k'"),
+    ("calibrated-configs-string", lambda m: quantdiff.calibrated_configs("x", m, None), "configs must be a list of QuantConfig"),
+    ("calibrated-configs-none-item", lambda m: quantdiff.calibrated_configs([None], m, None), "a list holding a NoneType"),
+    ("calibrated-configs-not-a-model", lambda m: quantdiff.calibrated_configs([], "tiny/diff", None), "model must be a torch model"),
+    ("calibrated-configs-bos-text", lambda m: quantdiff.calibrated_configs([], m, None, bos_id="<s>"), "bos_id must be a token id"),
+    ("quantized-extra-argument", lambda m: quantdiff.quantized(m, None, False, 3).__enter__(), "quantized(): too many positional arguments"),
 ]
 
 
@@ -73,3 +85,10 @@ def test_dtype_names_are_the_dtypes(model):
 def test_good_arguments_still_work(model):
     stats = quantdiff.collect_stats(model, torch.tensor([5, 6, 7, 8]), k=3, batch_size=1)
     assert stats.summary()["hidden_states"]["count"] == 4 * 128 * len(model.model.layers)  # tokens × width × layers
+
+
+def test_a_transform_object_is_still_taken(model):
+    config = quantdiff.parse_config("absmax", 4, "linear", transform=quantdiff.HadamardRotation())
+    with quantdiff.quantized(model, config):
+        quantdiff.collect_stats(model, IDS)
+    assert quantdiff.calibrated_configs([config], model, None) == [config]  # nothing to calibrate for a rotation

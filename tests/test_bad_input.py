@@ -393,6 +393,39 @@ CASES += [
     ("eval-retrieval-context-beyond-positions", ["eval", "{src}", "--task", "retrieval", "--context", "100000"], None, None, "exceeds the model's 256 positions"),
 ]
 
+def _pair(tmp: Path) -> None:
+    """What `quantdiff pair` writes (its byte-level tokenizer), without the setup's progress bars."""
+    from transformers.utils import logging as hf_logging
+
+    from quantdiff.core.savedir import save_pair
+    from quantdiff.models.pairs import SizePreset, build_pair
+    from quantdiff.models.tokenizer import bytes_tokenizer
+
+    hf_logging.disable_progress_bar()
+    try:
+        save_pair(build_pair(SizePreset(64, 1, 4, vocab_size=300, max_position_embeddings=32), seed=0), tmp / "P", tokenizer=bytes_tokenizer())
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+# Issue 32: a builtin source's ids belong to one tokenizer, a GGUF file holds only a tokenizer transformers reads back.
+BB_IDS = "holds token ids of the Bigram-Backcopy character tokenizer"
+CASES += [
+    ("stats-bigram-backcopy-ids-into-a-text-model", ["stats", "{src}", "--data", "builtin:bigram-backcopy", "--tokens", "64"], None, None, BB_IDS),
+    ("quantize-calibrated-on-bigram-backcopy-ids", ["quantize", "{src}", "--out", "{tmp}/q", "--smooth", "0.5", "--calibration", "builtin:bigram-backcopy",
+                                                    "--calibration-tokens", "64"], None, None, BB_IDS),
+    ("bnb-config-over-plain-weights", ["stats", "{src}", "--tokens", "32"],
+     _config(quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}), None,
+     "declares bitsandbytes quantization, but the checkpoint stores plain float weights"),
+    ("info-a-billion-layers", ["info", "{src}"], _config(num_hidden_layers=10**9), None, "describes 1,000,000,000 layers of width 128"),
+    ("quantize-a-billion-layers", ["quantize", "{src}", "--out", "{tmp}/q"], _config(num_hidden_layers=10**9), None, "refused before building the model"),
+    ("stats-device-empty", ["stats", "{src}", "--device", ""], None, None, "--device is empty: name a device"),
+    ("quantize-calibration-empty", ["quantize", "{src}", "--out", "{tmp}/q", "--smooth", "0.5", "--calibration", ""], None, None,
+     "--calibration is empty: name a data file"),
+    ("gguf-export-of-pair-byte-tokenizer", ["quantize", "{tmp}/P/standard", "--out", "{tmp}/p.gguf", "--format", "gguf", "--bits", "8"], None, _pair,
+     "without merges"),
+]
+
 def _argv(template: list[str], src: Path, tmp: Path) -> list[str]:
     return [a.replace("{src}", str(src)).replace("{tmp}", str(tmp)) for a in template]
 
@@ -532,3 +565,27 @@ def test_stored_copies_of_computed_buffers_are_not_unexpected(tmp_path):
     _edit_weights(src, lambda t: t.__setitem__("model.layers.0.self_attn.rotary_emb.other", torch.ones(8)))
     with pytest.raises(LoadError, match="unexpected model.layers.0.self_attn.rotary_emb.other"):
         load(src, device="cpu")
+
+
+def test_bigram_backcopy_ids_still_measure_a_bigram_backcopy_model(tmp_path):
+    main(["stats", "bb/standard", "--data", "builtin:bigram-backcopy", "--tokens", "64", "-q", "--json", str(tmp_path / "s.json")])
+    assert json.loads((tmp_path / "s.json").read_text())["schema"].startswith("quantdiff.")
+
+
+def test_index_naming_shards_in_a_subdirectory_and_outside_loads(tmp_path):
+    """The weight index decides which files load, wherever they lie (docs/reliability.md, Loading)."""
+    d, elsewhere = tmp_path / "m", tmp_path / "elsewhere"
+    (d / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(SOURCE / name, d / name)
+    tensors = load_file(SOURCE / "model.safetensors")
+    keys = sorted(tensors)
+    save_file({k: tensors[k] for k in keys[::2]}, d / "sub" / "a.safetensors", metadata={"format": "pt"})
+    save_file({k: tensors[k] for k in keys[1::2]}, elsewhere / "b.safetensors", metadata={"format": "pt"})
+    index = {k: "sub/a.safetensors" if i % 2 == 0 else "../elsewhere/b.safetensors" for i, k in enumerate(keys)}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+    import quantdiff
+
+    loaded = quantdiff.load(d, device="cpu")
+    assert all(torch.equal(loaded.state_dict()[k], tensors[k]) for k in keys if k in loaded.state_dict())

@@ -14,7 +14,7 @@ from quantdiff.cli.app import main
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import loading
 from quantdiff.models.names import resolve
-from quantdiff.models.pairs import ALL_KINDS, build_pair
+from quantdiff.models.pairs import ALL_KINDS, SizePreset, build_pair
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport, pack_int4, unpack_int4
 from quantdiff.quant.export import export_quantized, stored_weights
 from quantdiff.quant.formats import parse_export
@@ -357,3 +357,131 @@ def test_cli_eval_of_the_written_file_gives_the_in_memory_figures(tmp_path, monk
         expected = task.evaluate(source, prepared)
     assert reloaded.metrics["loss"] == pytest.approx(expected["loss"], rel=1e-6) and reloaded.metrics["tokens"] == expected["tokens"]
     assert reloaded.metrics["loss"] != pytest.approx(source_cell.metrics["loss"], rel=1e-4)  # the weights really changed
+
+
+# ---- exit 0 means the export reloads: every format, every model kind, the `pair` byte tokenizer among them -----
+
+# Vocabulary 1536: both the pair's byte tokenizer and tiny's BPE tokenizer (with merges) fit; GQA (4 heads, 2 KV).
+RELOAD_PRESET = SizePreset(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=1536, max_position_embeddings=64)
+EXPORT_ARGS = {
+    "absmax": ["--bits", "4"],
+    "llm-int8": ["--method", "llm-int8", "--bits", "8"],
+    "nf4": ["--method", "nf4", "--bits", "4"],
+    "compressed-tensors": ["--format", "compressed-tensors", "--bits", "4"],
+    "gguf": ["--format", "gguf", "--bits", "8"],
+}
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    """Every kind as `quantdiff pair` writes it (byte-level BPE without merges), and a standard GQA model with a
+    BPE tokenizer with merges (`merges`), which a GGUF file can hold."""
+    import shutil
+
+    from quantdiff.core.savedir import save_pair
+    from quantdiff.models.tokenizer import bytes_tokenizer
+
+    root = tmp_path_factory.mktemp("pair")
+    models = build_pair(RELOAD_PRESET, seed=0, kinds=ALL_KINDS)
+    save_pair(models, root / "P", tokenizer=bytes_tokenizer())
+    dirs = {kind: root / "P" / kind for kind in models}
+    models["standard"].save_pretrained(root / "merges")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(resolve("tiny/standard")[0] / name, root / "merges" / name)
+    return {**dirs, "merges": root / "merges"}
+
+
+@pytest.mark.parametrize("fmt", list(EXPORT_ARGS))
+@pytest.mark.parametrize("kind", [*ALL_KINDS, "merges"])
+def test_an_export_that_exits_0_reloads_else_one_line_and_no_file(pair_dirs, tmp_path, capsys, gguf_cache, kind, fmt):
+    out = tmp_path / ("q.gguf" if fmt == "gguf" else "q")
+    try:
+        main(["quantize", str(pair_dirs[kind]), "--out", str(out), "-q", *EXPORT_ARGS[fmt]])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    if code == 0:
+        load(out, device="cpu")
+        load_tokenizer(out)
+    else:
+        assert err.startswith("error: ") and err.count("\n") == 1 and "internal error" not in err, err
+        assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["cache"] or list(tmp_path.iterdir()) == []
+    if fmt == "gguf":  # refused up front by name: a differential architecture, or a tokenizer without merges
+        assert code == (0 if kind == "merges" else 1), err
+        assert kind == "merges" or ("without merges" in err if kind == "standard" else "llama.cpp" in err), err
+
+
+# ---- every quantize option changes the export as documented, or is refused by name: every format --------------
+
+FORMATS = {**{k: v for k, v in EXPORT_ARGS.items()}, "fp4": ["--method", "fp4", "--bits", "4"]}
+SMOOTH = ["--smooth", "0.5", "--calibration", "{cal}", "--calibration-tokens", "256"]
+# option -> (its arguments, the arguments it is compared against): the export must differ from the baseline's
+OPTION_CASES = {
+    "group_size": (["--group-size", "32"], []),
+    "threshold": (["--threshold", "4.0"], []),
+    "include_lm_head": (["--include-lm-head"], []),
+    "attention_bits": (["--attention-bits", "8"], []),
+    "attention_method": (["--attention-bits", "8", "--attention-site", "qk", "--attention-method", "llm-int8"], ["--attention-bits", "8", "--attention-site", "qk"]),
+    "attention_site": (["--attention-bits", "8", "--attention-site", "qk"], ["--attention-bits", "8"]),
+    "rotate": (["--rotate", "hadamard"], []),
+    "smooth": (SMOOTH, []),
+    "calibration": ([*SMOOTH[:2], "--calibration", "{other_cal}", *SMOOTH[4:]], SMOOTH),
+    "calibration_tokens": ([*SMOOTH[:4], "--calibration-tokens", "128"], SMOOTH),
+    "trust_remote_code": (["--trust-remote-code"], []),
+}
+# Options that choose the format, the run or what else is reported, not what the export holds (tested elsewhere).
+NOT_EXPORT_CONTENT = {"model", "out", "bits", "method", "export_format", "force", "eval_task", "data", "context", "limit",
+                      "allow_partial", "revision", "json_path", "quiet"}
+
+
+def test_the_option_table_covers_every_quantize_option():
+    import inspect
+
+    from quantdiff.cli.commands.quantize import quantize
+
+    assert set(inspect.signature(quantize).parameters) == set(OPTION_CASES) | NOT_EXPORT_CONTENT
+
+
+def _run_export(source, out, args, capsys) -> tuple[int, str]:
+    try:
+        main(["quantize", str(source), "--out", str(out), "-q", *args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def _digest(out) -> str:
+    import hashlib
+
+    files = [out] if out.is_file() else sorted(p for p in out.rglob("*") if p.is_file())
+    return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def calibration_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cal")
+    words = "the of and to a in is it that was he for on with as his at by".split()
+    texts = {}
+    for name, seed in (("cal", 0), ("other_cal", 1)):
+        rng = __import__("random").Random(seed)
+        (root / f"{name}.txt").write_text("\n".join(" ".join(rng.choice(words) for _ in range(40)) for _ in range(100)))
+        texts[name] = str(root / f"{name}.txt")
+    return texts
+
+
+@pytest.mark.parametrize("option", list(OPTION_CASES))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_every_option_changes_the_export_or_is_refused_by_name(pair_dirs, calibration_files, tmp_path, capsys, gguf_cache, fmt, option):
+    args, baseline = ([a.format(**calibration_files) for a in case] for case in OPTION_CASES[option])
+    suffix = ".gguf" if fmt == "gguf" else ""
+    base_code, base_err = _run_export(pair_dirs["merges"], tmp_path / f"base{suffix}", [*FORMATS[fmt], *baseline], capsys)
+    code, err = _run_export(pair_dirs["merges"], tmp_path / f"with{suffix}", [*FORMATS[fmt], *args], capsys)
+    if code == 0:
+        assert base_code == 0, base_err
+        assert _digest(tmp_path / f"with{suffix}") != _digest(tmp_path / f"base{suffix}"), f"{option} is ignored by {fmt}"
+    else:
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+        named = "--" + option.replace("_", "-")
+        assert named in err or (base_code != 0 and err == base_err), err  # by name, or the baseline's own refusal

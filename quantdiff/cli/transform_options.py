@@ -46,7 +46,7 @@ def make_transform(
     if smooth is None:
         refuse_unused("without --smooth", calibration=calibration, calibration_tokens=calibration_tokens)
         return parse_rotation(rotate)
-    source = calibration or default_calibration(task)
+    source = default_calibration(task) if calibration is None else calibration  # an empty one is refused below, as --data is
     if source not in BUILTINS:
         check_data_file(source, "--calibration")
     if source == BUILTIN_CORPUS and task in TEXT_TASKS_ON_HELD_OUT and data is None:

@@ -8,7 +8,7 @@ import torch
 
 from quantdiff.core.errors import ConfigError
 
-AUTO = ("auto", "")
+AUTO = ("auto",)
 ACCELERATORS = ("cuda", "mps", "xpu")
 
 
@@ -18,6 +18,8 @@ def resolve_device(name: str | torch.device | None = None, parameter: str = "dev
     ConfigError naming `parameter` for an unknown name, or an accelerator (CUDA, MPS, XPU) or device index this
     machine does not have.
     """
+    if isinstance(name, str) and not name.strip():  # as an empty --data: never silently the default
+        raise ConfigError(f"{parameter} is empty: name a device (e.g. cpu, cuda, cuda:1, auto)")
     if name is None or (isinstance(name, str) and name.strip().lower() in AUTO):
         if torch.cuda.is_available():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

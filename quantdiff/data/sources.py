@@ -33,6 +33,9 @@ BUILTIN_RETRIEVAL = "builtin:retrieval"
 BUILTIN_CORPUS_TRAIN = "builtin:corpus-train"
 BUILTIN_BIGRAM_BACKCOPY = "builtin:bigram-backcopy"
 BUILTINS = (BUILTIN_CORPUS, BUILTIN_RETRIEVAL, BUILTIN_CORPUS_TRAIN, BUILTIN_BIGRAM_BACKCOPY)
+# Which tokenizer each builtin source's ids belong to: None = text, tokenized by the model's own tokenizer; else
+# the source's ids are of that tokenizer only, and would mean something else to any other model.
+BUILTIN_TOKENIZERS = {BUILTIN_CORPUS: None, BUILTIN_RETRIEVAL: None, BUILTIN_CORPUS_TRAIN: None, BUILTIN_BIGRAM_BACKCOPY: "bigram-backcopy"}
 TEXT_CHUNK_CHARS = 1 << 20  # tokenize long texts piecewise, stopping once the budget is reached
 RETRIEVAL_NEEDLES = 4
 RETRIEVAL_SEED = 0
@@ -59,13 +62,15 @@ class Batch:
 
 
 def load_sequences(
-    source: str, tokenize: Tokenize | None, tokens: int, seq_len: int, vocab_size: int, bos_id: int | None = None
+    source: str, tokenize: Tokenize | None, tokens: int, seq_len: int, vocab_size: int, bos_id: int | None = None, tokenizer=None
 ) -> list[list[int]]:
     """Token sequences of `source` (see the module docstring), at most `seq_len` long, `tokens` in total.
 
     tokenize: text → ids (None when the source must be pre-tokenized). bos_id: put first in every sequence cut
-    from text. Raises DataError on bad input.
+    from text. tokenizer: the model's (None: it has none), checked against a builtin source whose ids belong to
+    one tokenizer (`BUILTIN_TOKENIZERS`). Raises DataError on bad input.
     """
+    check_builtin_tokenizer(source, tokenizer)
     if tokens < 1:
         raise DataError(f"--tokens must be positive, got {tokens}")
     check_fits(tokens * BATCH_BYTES_PER_TOKEN, f"--tokens {tokens:,}")  # every batch is held until the run ends
@@ -90,6 +95,23 @@ def load_sequences(
         if bad:
             raise DataError(f"{source}: sequence {i} holds token id {bad[0]} outside the model's vocabulary (size {vocab_size})")
     return out
+
+
+def check_builtin_tokenizer(source: str, tokenizer) -> None:
+    """DataError unless a builtin source's ids mean to a model with `tokenizer` what they meant when written."""
+    if BUILTIN_TOKENIZERS.get(source) != "bigram-backcopy":
+        return
+    from quantdiff.data.bigram_backcopy import load
+
+    try:
+        if tokenizer is None:
+            raise DataError("no tokenizer")
+        load().check_tokenizer(tokenizer)
+    except DataError:
+        raise DataError(
+            f"{source} holds token ids of the Bigram-Backcopy character tokenizer, and this model's tokenizer is another: "
+            "use it with a model trained on bb, or give text data"
+        ) from None
 
 
 def make_batches(sequences: list[list[int]], batch_size: int, pad_id: int = 0) -> list[Batch]:

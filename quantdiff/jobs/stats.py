@@ -92,12 +92,12 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
         seq_len = options.seq_len or min(DEFAULT_SEQ_LEN, positions)
         if seq_len > positions:
             raise DataError(f"--seq-len {seq_len} exceeds the {positions} positions of {path}")
-        tokenize, bos = None, BosChoice(None, None, options.bos, "input_ids records used as given")
+        tokenizer, tokenize, bos = None, None, BosChoice(None, None, options.bos, "input_ids records used as given")
         if not _pretokenized(options.data):
             tokenizer = load_tokenizer(path)
             tokenize = lambda text, tok=tokenizer: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
             bos = decide_bos(path, tokenizer, options.bos)
-        sequences = load_sequences(options.data, tokenize, options.tokens, seq_len, config.vocab_size, bos.token_id)
+        sequences = load_sequences(options.data, tokenize, options.tokens, seq_len, config.vocab_size, bos.token_id, tokenizer)
         pad = getattr(config, "pad_token_id", None) or 0
         planned.append(PlannedModel(name, path, make_batches(sequences, options.batch_size, pad), bos))
     return planned

@@ -179,7 +179,7 @@ def convert(path: Path, out: Path, sha256: str) -> Path:
             if entry != out and is_complete(entry, digest):
                 return entry
             check_cache_entry(entry)
-            model, tokenizer, facts = _read(copy, path)
+            model, tokenizer, facts = read_gguf(copy, path)
             record = {"format": "gguf", "file": path.name, "sha256": digest, **facts, "dtype": DTYPE,
                       "note": "statistics are of the dequantized model"}
             with atomic_dir(entry, force=True, kind=CACHE_KIND, flag="GGUF cache entry") as tmp, quiet_load_report():  # no "Writing model shards" bar
@@ -190,7 +190,7 @@ def convert(path: Path, out: Path, sha256: str) -> Path:
     return entry
 
 
-def _read(copy: Path, named: Path) -> tuple:
+def read_gguf(copy: Path, named: Path) -> tuple:
     """(model, tokenizer, facts) of the GGUF file at `copy`, refused by name (`named`: the file as given) when a
     tensor is missing, of the wrong shape, or not read."""
     import torch

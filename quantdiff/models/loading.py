@@ -17,13 +17,14 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
 import quantdiff.attention.backend as attention
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
 from quantdiff.core.memory import available_memory
 from quantdiff.models.config_check import check_heads, check_raw_sizes
-from quantdiff.models.stored import check_float_dtypes, read_config_json, stored_bytes, stored_tensors
+from quantdiff.models.stored import FLOAT_DTYPES, check_float_dtypes, read_config_json, stored_bytes, stored_tensors
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 SHOWN = 3  # names listed in a mismatch message
@@ -42,7 +43,8 @@ def check_model_dir(path: str | Path) -> Path:
     if not (path / "config.json").is_file():
         raise LoadError(f"no config.json in {path}: not a Hugging Face model directory")
     read_config_json(path)
-    if not any(path.glob("*.safetensors")):
+    # A weight index may name shards in a subdirectory or elsewhere: then transformers' resolver (stored_tensors) decides.
+    if not any(path.glob("*.safetensors")) and not (path / SAFE_WEIGHTS_INDEX_NAME).is_file():
         pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickled:
             raise LoadError(
@@ -58,6 +60,7 @@ def load_config(path: str | Path, trust_remote_code: bool = False):
     path = check_model_dir(path)
     raw = read_config_json(path)
     check_raw_sizes(raw, path / "config.json")
+    _check_described_size(raw, path)
     try:
         with quiet_load_report(logging.CRITICAL):
             config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
@@ -72,6 +75,22 @@ def load_config(path: str | Path, trust_remote_code: bool = False):
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not registered and not remote:
         raise LoadError(f"unsupported architecture {config.model_type!r}: not a transformers causal LM")
     return config
+
+
+def _check_described_size(raw: dict, path: Path) -> None:
+    """Refuse, before transformers builds anything from it, a config describing far more than the checkpoint
+    stores: every layer holds at least `hidden_size` values (its norm), and a config (or model skeleton) of
+    10**9 layers would be built until memory runs out."""
+    sizes = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    layers, width = sizes.get("num_hidden_layers"), sizes.get("hidden_size")
+    if not (isinstance(layers, int) and isinstance(width, int)):
+        return
+    held = sum(t.numel for t in stored_tensors(path).values())
+    if layers * width > ALLOCATION_SLACK * held:
+        raise LoadError(
+            f"{path}: config.json describes {layers:,} layers of width {width:,}, more than the {held:,} stored weight values "
+            "can hold: the config does not match the stored tensors (refused before building the model)"
+        )
 
 
 def _check_uses_registry(config, cls: type | None = None) -> None:
@@ -142,7 +161,14 @@ def check_before_allocating(path: Path, config, dtype: torch.dtype | None, budge
     weights, tensors that do not match the model `config` describes (a wrong hidden_size would otherwise
     allocate the larger model first), and a model larger than `budget` bytes of memory."""
     tensors = stored_tensors(path)
-    if getattr(config, "quantization_config", None) is not None:
+    declared = getattr(config, "quantization_config", None)
+    if declared is not None:
+        if all(t.dtype in FLOAT_DTYPES for t in tensors.values()):  # no codes at all: nothing was quantized
+            method = declared.get("quant_method", "a") if isinstance(declared, dict) else getattr(declared, "quant_method", "a")
+            raise LoadError(
+                f"{path}: config.json declares {method} quantization, but the checkpoint stores plain float weights "
+                "(transformers would quantize them while loading): remove quantization_config, or load the quantized checkpoint"
+            )
         return  # quantized storage: its packing decides dtypes and sizes (transformers' quantizer checks them)
     model = skeleton(config, trust_remote_code)
     buffers = {name for name, _ in model.named_buffers()}

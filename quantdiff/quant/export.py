@@ -7,7 +7,7 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -19,9 +19,9 @@ from quantdiff.core.atomic import json_text, signals_deferred
 from quantdiff.core.savedir import MARKER, atomic_dir, check_target
 from quantdiff.models.loading import PICKLE_SUFFIXES, load
 from quantdiff.models.source import model_source
-from quantdiff.quant.checkpoint import quantization_format
+from quantdiff.quant.checkpoint import load as load_checkpoint, quantization_format
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport
-from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors
+from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors, check_attention_recordable
 from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets
 from quantdiff.quant.transforms import Transform, check_exportable, export_transform
@@ -72,8 +72,10 @@ def export_quantized(
     if already is not None:  # its linear layers hold codes, not weights: there is nothing left to quantize
         raise ConfigError(f"{source} is already quantized (format {already}): quantize the unquantized model instead")
     check_exportable(transform, isinstance(fmt, AbsmaxExport))
-    if attention is not None and isinstance(attention.site, LinearSite):
-        raise ConfigError("only an attention quantization (site logits or qk) can be recorded with an export")
+    if attention is not None:
+        check_attention_recordable(fmt)
+        if isinstance(attention.site, LinearSite):
+            raise ConfigError("only an attention quantization (site logits or qk) can be recorded with an export")
     model = load(source, device="cpu", trust_remote_code=trust_remote_code)
     _refuse_nonfinite(model, source)
     targets = linear_targets(model, LinearSite(include_lm_head=include_lm_head), allow_partial)
@@ -116,6 +118,7 @@ def export_quantized(
     else:  # transformers reads the bitsandbytes part, quantdiff its own section
         config["quantization_config"] = {**fmt.hf_config(skipped, dtype), "quantdiff": section}
     metadata = {"format": "pt", "quantdiff_version": __version__, "quantization_config": json.dumps(section, sort_keys=True)}
+    del model, targets  # the read-back below holds a second copy: not three
     with atomic_dir(out, force, kind="export", sources=[source]) as tmp:
         (tmp / "config.json").write_text(json_text(config, indent=2, sort_keys=True))
         _copy_side_files(source, tmp, trust_remote_code)
@@ -123,9 +126,22 @@ def export_quantized(
             save_file(tensors, str(tmp / WEIGHTS_NAME), metadata=metadata)
             _sort_metadata(tmp / WEIGHTS_NAME)
             _verify(tmp / WEIGHTS_NAME, tensors)  # before the rename: a checkpoint that does not read back never appears
+        del tensors
+        # The tokenizer files are the source's bytes, as readable as there: the model is what is read back.
+        check_reloads(out, lambda: load_checkpoint(tmp, device="cpu", trust_remote_code=trust_remote_code))
     source_bytes = sum(f.stat().st_size for f in source.glob("*.safetensors"))
     out_bytes = (out / WEIGHTS_NAME).stat().st_size
     return ExportSummary(out, section, sorted(chosen), skipped, source_bytes, out_bytes, quantized_bytes, bf16_bytes)
+
+
+def check_reloads(out: Path, read_back: Callable[[], object]) -> None:
+    """Run `read_back` on the finished export before it is put in place, as `quantdiff.load` reads it: an export
+    that exits 0 reloads (every format), and one that would not is one line, with nothing written."""
+    try:
+        read_back()
+    except Exception as exc:  # whatever the reader raises, the export is unreadable: that is the one message
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise LoadError(f"export check failed: {out} would not load back ({reason}); nothing was written") from None
 
 
 def _check_decodes(fmt: ExportFormat, encoded: Tensors, weight: torch.Tensor, fqn: str) -> None:

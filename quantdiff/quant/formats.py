@@ -182,6 +182,13 @@ def parse_export(
     return fmt
 
 
+def check_attention_recordable(fmt: ExportFormat) -> None:
+    """A recorded attention quantization is re-applied by quantdiff's loader only: a format meant for other
+    loaders (compressed-tensors for vLLM and transformers, GGUF for llama.cpp) would carry it unused."""
+    if isinstance(fmt, (CompressedTensorsExport, GGUFExport)):
+        raise ConfigError(f"--attention-bits is recorded by --format quantdiff only: the loaders of --format {fmt.name} would not re-apply it")
+
+
 def format_from_section(section: dict) -> ExportFormat:
     method = section.get("method")
     if method == "absmax":

@@ -23,14 +23,16 @@ from quantdiff.core.atomic import atomic_file, signals_deferred
 from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.outputs import check_outputs
 from quantdiff.core.owned import GGUF_KEY, check_replaceable
+from quantdiff.models.gguf_model import read_gguf
 from quantdiff.models.loading import load
 from quantdiff.models.names import resolve
 from quantdiff.models.wheels import WHEEL_MODELS, wheel_file
 from quantdiff.models.source import model_source
-from quantdiff.quant.export import ExportSummary, _plain_tensors, _refuse_nonfinite, _tied_to_other
+from quantdiff.quant.export import ExportSummary, _plain_tensors, _refuse_nonfinite, _tied_to_other, check_reloads
 from quantdiff.quant.gguf_format import GGUFExport
-from quantdiff.quant.gguf_tokenizer import add_bpe_tokenizer
+from quantdiff.quant.gguf_tokenizer import add_bpe_tokenizer, check_bpe_tokenizer
 from quantdiff.quant.sites import LinearSite, linear_targets
+from quantdiff.quant.transforms import Transform, check_exportable, export_transform
 
 
 
@@ -84,18 +86,23 @@ def gguf_architecture(config: dict, source: Path) -> GGUFArchitecture:
 
 def export_gguf(
     model: str | Path, out: str | Path, fmt: GGUFExport, include_lm_head: bool = False, force: bool = False, allow_partial: bool = False,
-    revision: str | None = None,
+    revision: str | None = None, transform: Transform | None = None,
 ) -> ExportSummary:
     """Quantize `model`'s decoder-layer linears (and lm_head with `include_lm_head`) to fmt's GGUF type and write
     the GGUF file `out`, atomically; it is read back and checked before it replaces anything. `model`: any name
-    `quantdiff.load` takes (a GGUF source gives its own tokenizer fields); `revision` for a hub id."""
+    `quantdiff.load` takes (a GGUF source gives its own tokenizer fields); `revision` for a hub id. `transform`:
+    SmoothQuant smoothing folded into the norms and weights first (a rotation is refused: llama.cpp would not
+    rotate the inputs), recorded in the file's quantdiff section."""
     paths = resolve(model, revision)
     if len(paths) != 1:
         raise LoadError(f"{str(model)!r} names {len(paths)} models; quantize one at a time")
     source, gguf_source, out = paths[0], source_gguf_file(model), Path(out)
     _check_out(out, force, [source, *([gguf_source] if gguf_source else [])])
+    check_exportable(transform, own_format=False)
     config = json.loads((source / "config.json").read_text())
     arch = gguf_architecture(config, source)
+    if gguf_source is None:  # a tokenizer the file cannot hold is refused before the (slow) load
+        check_bpe_tokenizer(source)
     network = load(source, device="cpu")
     _refuse_nonfinite(network, source)
     targets = linear_targets(network, LinearSite(include_lm_head=include_lm_head), allow_partial)
@@ -104,18 +111,23 @@ def export_gguf(
         raise ConfigError(f"{tied} shares its weight with another tensor (tied embeddings): it cannot be quantized alone")
     for fqn, module in targets:
         fmt.check_width(fqn, module.weight)
+    recorded = {} if transform is None else {"transform": export_transform(network, source, transform, targets, own_format=False)}
     chosen = {fqn for fqn, _ in targets}
     skipped = [fqn for fqn, m in network.named_modules() if isinstance(m, nn.Linear) and fqn not in chosen]
     section = {
         **fmt.describe(), "modules": sorted(chosen), "skipped_modules": skipped, "dtype": "float32",
-        "quantdiff_version": __version__, "source": model_source(source),
+        "quantdiff_version": __version__, "source": model_source(source), **recorded,
     }
     tensors, quantized_bytes = _gguf_tensors(network, config, fmt, chosen, arch)
-    with atomic_file(out, force, "--out") as tmp, signals_deferred():
-        _write(tmp, arch, config, source, gguf_source, fmt, tensors, section)
-        _verify(tmp, tensors)
-    source_bytes = gguf_source.stat().st_size if gguf_source else sum(f.stat().st_size for f in source.glob("*.safetensors"))
     bf16_bytes = sum(module.weight.numel() * 2 for _, module in targets)
+    del network, targets  # the read-back below holds a second copy: not three
+    with atomic_file(out, force, "--out") as tmp:
+        with signals_deferred():
+            _write(tmp, arch, config, source, gguf_source, fmt, tensors, section)
+            _verify(tmp, tensors)
+        del tensors
+        check_reloads(out, lambda: read_gguf(tmp, out))  # as `quantdiff.load` converts it: model and tokenizer
+    source_bytes = gguf_source.stat().st_size if gguf_source else sum(f.stat().st_size for f in source.glob("*.safetensors"))
     return ExportSummary(out, section, sorted(chosen), skipped, source_bytes, out.stat().st_size, quantized_bytes, bf16_bytes)
 
 

@@ -15,12 +15,24 @@ NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 _GPT2_PRE = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
 
 
-def add_bpe_tokenizer(writer, source: Path, vocab_size: int) -> None:
-    """Write `source`'s tokenizer into GGUF `writer`; ConfigError naming what does not map."""
+def check_bpe_tokenizer(source: Path) -> dict:
+    """`source`'s tokenizer.json if a GGUF file can hold it (checked before the model is loaded), else one
+    ConfigError line saying why not."""
     spec = _tokenizer_json(source)
     pre = spec.get("pre_tokenizer") or {}
     if spec["model"].get("type") != "BPE" or spec.get("normalizer") or any(pre.get(k) != v for k, v in _GPT2_PRE.items()):
         raise ConfigError(f"--format gguf maps a GPT-2 style byte-level BPE tokenizer to llama.cpp; the one of {source} is not one")
+    if not spec["model"].get("merges"):  # transformers' GGUF reader then looks for unigram scores, and fails
+        raise ConfigError(
+            f"--format gguf: the tokenizer of {source} is byte-level BPE without merges (as `quantdiff pair` writes), "
+            "which transformers cannot read back from a GGUF file; use --format quantdiff or compressed-tensors"
+        )
+    return spec
+
+
+def add_bpe_tokenizer(writer, source: Path, vocab_size: int) -> None:
+    """Write `source`'s tokenizer into GGUF `writer`; ConfigError naming what does not map."""
+    spec = check_bpe_tokenizer(source)
     tokens, types = _vocabulary(spec, vocab_size, source)
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
     writer.add_tokenizer_model("gpt2")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, get_args
 
 import torch
 from torch import nn
@@ -195,6 +195,8 @@ def parse_config(
     group_size: absmax weights in groups of that many inputs per output channel (site linear only).
     transform: a Hadamard rotation or SmoothQuant smoothing before quantizing (site linear only)."""
     bits = parse_bit_width(bits)
+    if transform is not None and not isinstance(transform, get_args(Transform)):  # a name is not a transform
+        raise ConfigError(f"transform must be None, a HadamardRotation or a Smoothing (quantdiff.HadamardRotation()), got {transform!r}")
     if group_size is not None and site_name(site) != "linear":
         raise ConfigError(f"a group size sets how the linear site's weights are quantized, not site {site!r}")
     if transform is not None and site_name(site) != "linear":

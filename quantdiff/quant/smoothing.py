@@ -260,7 +260,7 @@ def calibrate(model: nn.Module, tokenizer, calibration: Calibration, bos_id: int
     config = model.config
     seq_len = min(calibration.seq_len, getattr(config, "max_position_embeddings", None) or calibration.seq_len)
     tokenize = None if tokenizer is None else (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
-    sequences = load_sequences(calibration.source, tokenize, calibration.tokens, seq_len, config.vocab_size, bos_id)
+    sequences = load_sequences(calibration.source, tokenize, calibration.tokens, seq_len, config.vocab_size, bos_id, tokenizer)
     batches = make_batches(sequences, batch_size, getattr(config, "pad_token_id", None) or 0)
     collector = StatsCollector(model, k=1, compile=False)  # only its linear-input channel statistics are used
     probe = GroupProbe(model)

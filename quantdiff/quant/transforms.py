@@ -138,7 +138,9 @@ def check_exportable(transform: Transform | None, own_format: bool) -> None:
     """A rotation is stored as rotated weights WH that the loader must complement by rotating the inputs: only
     quantdiff's own format (`own_format`) is read by that loader; other formats load elsewhere and refuse it."""
     if isinstance(transform, HadamardRotation) and not own_format:
-        raise ConfigError("--rotate needs --method absmax: other formats load in transformers/bitsandbytes, which would not rotate the inputs")
+        raise ConfigError(
+            "--rotate needs --method absmax of --format quantdiff: other formats load in transformers, bitsandbytes, vLLM or llama.cpp, which would not rotate the inputs"
+        )
 
 
 def export_transform(model: nn.Module, source, transform: Transform, targets: Sequence[tuple[str, nn.Linear]], own_format: bool) -> dict:

@@ -21,7 +21,7 @@ def quantize(
     threshold: Annotated[Optional[float], typer.Option("--threshold", help="llm-int8 outlier threshold, applied to activations at run time (default: the LLM.int8 paper's 6.0).")] = None,
     include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="Quantize lm_head too (default: decoder-layer linears only).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing non-empty --out.")] = False,
-    attention_bits: Annotated[Optional[str], typer.Option("--attention-bits", help="Also record an attention quantization (2–16 bits); quantdiff re-applies it on load.")] = None,
+    attention_bits: Annotated[Optional[str], typer.Option("--attention-bits", help="Also record an attention quantization (2–16 bits); quantdiff re-applies it on load (--format quantdiff only: other formats' loaders would not).")] = None,
     attention_method: Annotated[Optional[str], typer.Option("--attention-method", help="absmax (default) or llm-int8 (with --attention-bits).")] = None,
     attention_site: Annotated[Optional[str], typer.Option("--attention-site", help="logits (default), qk or kv (with --attention-bits).")] = None,
     rotate: RotateOpt = None,
@@ -53,15 +53,16 @@ def quantize(
     from quantdiff.models.names import resolve
     from quantdiff.quant.export import export_quantized
     from quantdiff.quant.gguf_export import export_gguf
-    from quantdiff.quant.formats import parse_export
+    from quantdiff.quant.formats import AbsmaxExport, check_attention_recordable, parse_export
     from quantdiff.quant.numerics import LLM_INT8_THRESHOLD
     from quantdiff.quant.registry import ATTENTION_SITE_NAMES
     from quantdiff.quant.sites import parse_config
+    from quantdiff.quant.transforms import check_exportable
 
     # Every argument is checked before anything is loaded or written; an option the mode ignores is an error.
     gguf = export_format == "gguf"
     if gguf:
-        refuse_unused("with --format gguf (llama.cpp runs no recorded quantization or model code)", attention_bits=attention_bits, trust_remote_code=trust_remote_code)
+        refuse_unused("with --format gguf (llama.cpp runs no model code)", trust_remote_code=trust_remote_code)
     method = method or "absmax"
     if method != "llm-int8":
         refuse_unused(f"with --method {method} (it is the llm-int8 outlier threshold)", threshold=threshold)
@@ -75,10 +76,12 @@ def quantize(
     else:
         if (attention_site or "logits") not in ATTENTION_SITE_NAMES:
             raise ConfigError(f"--attention-site must be {' or '.join(ATTENTION_SITE_NAMES)}, got {attention_site!r}")
+        check_attention_recordable(fmt)
         attention = parse_config(attention_method or "absmax", attention_bits, attention_site or "logits")
     if eval_task is None:
         refuse_unused("without --eval", data=data, context=context, limit=limit)
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, eval_task, data)
+    check_exportable(transform, isinstance(fmt, AbsmaxExport))  # before anything loads
     check_limit(limit)
     sources = resolve(model, revision)
     if len(sources) != 1:
@@ -90,7 +93,7 @@ def quantize(
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
     tokenizer = load_tokenizer(sources[0]) if task is not None else None
     if gguf:
-        summary = export_gguf(model, out, fmt, include_lm_head=include_lm_head, force=force, allow_partial=allow_partial, revision=revision)
+        summary = export_gguf(model, out, fmt, include_lm_head=include_lm_head, force=force, allow_partial=allow_partial, revision=revision, transform=transform)
     else:
         summary = export_quantized(
             sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial,

@@ -4,7 +4,8 @@ All arms step in lockstep on each batch, so they see identical data and are chec
 Batches are a pure function of (seed, step): resuming needs no data-loader state, only the weights, the
 optimizer moments and the step — saved as safetensors + JSON (nothing pickled). The learning rate is a pure
 function of the step too, so an interrupted and resumed run ends with the same weights as an
-uninterrupted one (on the same device and thread count).
+uninterrupted one. On the CPU the run trains on one thread, and under `quantdiff train` with pinned kernels
+(train.determinism): then a seed gives the same weights bit for bit on any x86-64 CPU with AVX2.
 
 Each batch row is either a window of the training split or, with probability `retrieval_fraction`, a
 needle document (quantdiff/data/needles.py) whose filler comes from the training split. The
@@ -57,7 +58,7 @@ from quantdiff.eval.tasks.bb import BBTask
 from quantdiff.eval.tasks.lm import LMTask, PreparedLM
 from quantdiff.eval.tasks.retrieval import encode_example, exact_matches
 from quantdiff.models.tokenizer import save_tokenizer, train_bpe
-from quantdiff.train import emergence, guards
+from quantdiff.train import determinism, emergence, guards
 from quantdiff.train.guards import CHECKPOINT  # inside --out; removed once the arms are saved
 from quantdiff.train.resume_state import checked_state
 
@@ -354,6 +355,7 @@ def start_run(recipe: Recipe, out: Path, checkpoint: Checkpoint, force: bool, co
         for arm in recipe.arms))
     if state:
         console.print(f"resuming from step {state['step']} ({checkpoint.dir})")
+    console.print(determinism.describe(determinism.settings()))
     console.print(f"training {cfg.steps} steps × {cfg.batch_size} × {cfg.seq_len} = {cfg.tokens:,} tokens per model on {device}")
     eval_windows = held_out_windows(data, cfg.seq_len, cfg.eval_batches * cfg.batch_size * cfg.seq_len)
     outliers = emergence.windows_as_batches(held_out_windows(data, cfg.seq_len, cfg.outlier_sequences * cfg.seq_len), data.tokenizer.pad_token_id)
@@ -392,6 +394,7 @@ def evaluate_step(run: Run) -> None:
         model.train()
 
 
+@determinism.pinned_threads()  # the whole run, final evaluation included: its log reproduces too
 def train_pair(recipe: Recipe, out: str | Path, *, force: bool = False, stop_after: int | None = None, console=None) -> dict[str, Path] | None:
     """Train (or resume) the recipe's arms into OUT/<arm> (by default OUT/standard and OUT/diff); returns their paths.
 
@@ -468,7 +471,7 @@ def finish(run: Run, console) -> dict[str, Path]:
             "arm": dataclasses.asdict(arm) | {"lr": arm.peak_lr(cfg), "weight_decay": arm.decay(cfg)},
             "recipe": recipe.name,
             "seed": cfg.seed,  # initialisation and batches (a multi-seed run: this directory's seed)
-            "threads": torch.get_num_threads(),  # CPU results are bit-reproducible at the same thread count
+            "determinism": determinism.settings(),  # of the process that finished the run; "pinned": reproducible elsewhere
             "corpora": list(recipe.data.corpus_names),
             "steps": cfg.steps,
             "tokens": cfg.tokens,

@@ -1,11 +1,12 @@
 """Multi-seed training: each of a recipe's `seeds` trains every arm, into OUT/seed-<s>/<arm>/.
 
 A seed is an ordinary run of `train.loop` with `[train] seed = s` (its arms in lockstep on that seed's batches,
-its checkpoint in OUT/seed-<s>/.checkpoint), so it gives the models that recipe alone gives (bit for bit at the
-same thread count). A recipe without `seeds` keeps the single-run layout OUT/<arm>/.
+its checkpoint in OUT/seed-<s>/.checkpoint), so it gives the models that recipe alone gives, bit for bit. A
+recipe without `seeds` keeps the single-run layout OUT/<arm>/.
 
-Seeds run one after another in this process, or `jobs` at a time in worker processes that split the CPU threads
-between them (small models use one core badly: `benchmarks/seeds_bench.py`). A finished seed is left as it is
+Seeds run one after another in this process, or `jobs` at a time in worker processes, one thread each as every
+run trains (train.determinism; a small model gains little from a second thread: `benchmarks/seeds_bench.py`). The workers start
+with the pinned kernels of train.determinism, whatever this process was started with. A finished seed is left as it is
 (after checking that the same recipe trained it: seeds may be added to a finished run); an interrupted one
 resumes from its checkpoint; `force` retrains every seed from scratch.
 """
@@ -18,9 +19,8 @@ import multiprocessing
 import time
 from pathlib import Path
 
-import torch
-
 from quantdiff.core.errors import ConfigError
+from quantdiff.train import determinism
 from quantdiff.train.loop import Checkpoint, arms_exist, train_pair
 from quantdiff.train.recipe import Recipe
 from quantdiff.train.resume_state import same_training
@@ -117,13 +117,13 @@ def train_seeds(recipe: Recipe, out: str | Path, *, force: bool = False, jobs: i
 
 
 def _train_in_workers(recipe: Recipe, pending: dict[int, Path], force: bool, jobs: int, console) -> None:
-    """`jobs` worker processes, each training one seed at a time with its share of the CPU threads."""
-    threads = max(1, torch.get_num_threads() // jobs)
-    console.print(f"training seeds {', '.join(map(str, pending))}: {jobs} worker processes, {threads} thread(s) each; "
+    """`jobs` worker processes, each training one seed at a time on one thread."""
+    determinism.pin_environment()  # spawned workers import torch afresh, under the pinned kernels
+    console.print(f"training seeds {', '.join(map(str, pending))}: {jobs} worker processes, {determinism.THREADS} thread(s) each; "
                   f"each seed's output goes to OUT/seed-<s>/{OUTPUT_LOG}")
     tasks = [(for_seed(recipe, seed), directory, force) for seed, directory in pending.items()]
     started = time.perf_counter()
-    pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=torch.set_num_threads, initargs=(threads,), maxtasksperchild=1)
+    pool = multiprocessing.get_context("spawn").Pool(jobs, maxtasksperchild=1)
     try:
         for number, seed in enumerate(pool.imap_unordered(_train_one, tasks), 1):
             console.print(f"seed {seed} trained ({number} of {len(tasks)}, {time.perf_counter() - started:.0f} s since the start)")

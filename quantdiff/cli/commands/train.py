@@ -31,6 +31,9 @@ def train(
     each seed of the recipe; an interrupted run resumes from its last checkpoint and leaves finished seeds as they
     are."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # busy-waiting OpenMP threads stall CPU steps for seconds
+    from quantdiff.train.determinism import pin_environment
+
+    pin_environment()  # before torch is imported: the kernels that make a seed's weights the same on any machine
     from quantdiff.cli.output import check_json, result_console, write_result
     from quantdiff.cli.validate import check_positive
     from quantdiff.report.console import line_console

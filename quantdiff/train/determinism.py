@@ -1,0 +1,69 @@
+"""Reproducible CPU training: the settings under which a recipe's seed gives the same weights bit for bit on any
+x86-64 CPU with AVX2, whatever its own instruction set and thread count (docs/training.md).
+
+Where the last bits came from (the bb recipe's standard arm; the first differing aten op found by hashing every
+op's outputs in two runs):
+- ATen compiles its kernels once per instruction set and picks one by CPU capability at run time. The scalar
+  (DEFAULT) `normal_` draws other last bits than the AVX2/AVX512 one, so even the initial weights differ; AVX2 and
+  AVX512 first differ in SDPA's CPU flash attention (`_scaled_dot_product_flash_attention_for_cpu`) at step 0.
+- MKL picks its own code path by CPU: the same flash attention (its blocks are MKL sgemm calls) differs between
+  MKL's AVX2 and AVX512 branches.
+- Threads split reductions: the lm_head weight gradient (an MKL sgemm summing over the batch's 4096 tokens)
+  differs between 1 and 2 threads at step 0, and so do ATen's whole-tensor sums over more than 32768 elements.
+oneDNN (torch.backends.mkldnn) and torch.use_deterministic_algorithms change no bit of this training on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+# Read once, when ATen and MKL first compute: they must be in the environment before torch is imported.
+# AVX2, not DEFAULT: every x86-64 CPU since about 2015 has it, and the scalar kernels train ~2.5x slower.
+ENVIRONMENT = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+CPU_CAPABILITY = "AVX2"  # what torch.backends.cpu.get_cpu_capability() reports when the pin took effect
+THREADS = 1  # one thread: no reduction is split by the machine's core count
+
+
+def pin_environment() -> None:
+    """Put ENVIRONMENT in os.environ (overriding the user's values): for this process if torch is not imported
+    yet, and for the worker processes it starts."""
+    os.environ.update(ENVIRONMENT)
+
+
+def settings() -> dict:
+    """What this process computes with, and whether it is the pinned setting: recorded in every train log."""
+    import torch
+
+    current = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR"),  # MKL reads it at its first call; torch offers no way to ask MKL
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    pinned = current["cpu_capability"] == CPU_CAPABILITY and current["mkl_cbwr"] == ENVIRONMENT["MKL_CBWR"] and current["threads"] == THREADS
+    return current | {"pinned": pinned}
+
+
+def describe(current: dict) -> str:
+    """One console line saying whether this run reproduces on other machines."""
+    line = f"kernels {current['cpu_capability']}, MKL_CBWR={current['mkl_cbwr']}, {current['threads']} thread(s)"
+    if current["pinned"]:
+        return line + ": pinned, bit-reproducible on any x86-64 CPU with AVX2"
+    return (line + f": NOT the pinned setting (ATEN_CPU_CAPABILITY={ENVIRONMENT['ATEN_CPU_CAPABILITY']}, "
+            f"MKL_CBWR={ENVIRONMENT['MKL_CBWR']} before torch is imported: `quantdiff train` sets them), so these "
+            "weights reproduce only on this CPU type")
+
+
+@contextmanager
+def pinned_threads() -> Iterator[None]:
+    """THREADS torch threads for the block, the caller's count restored after."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

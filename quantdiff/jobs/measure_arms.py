@@ -152,6 +152,17 @@ def setup_context(options: ReproduceOptions, trained, stats_doc: dict) -> dict:
         "statistics data": f"{stats_doc['data']['tokens']:,} held-out tokens per model ({stats_doc['data']['source']}), sequences of {analysis.seq_len}",
         "quantization": f"methods {', '.join(analysis.methods)}; bits {', '.join(map(str, analysis.bits))}; "
         f"sites {', '.join(analysis.sites)} (linear on tasks {', '.join(PER_TOKEN_TASKS)} only); skipped: {'; '.join(skipped) or 'none'}",
+        "kernels": kernels_line(),
     }
+
+
+def kernels_line() -> str:
+    """The CPU kernels the numbers were computed with: a quantized cell moves with them (docs/results.md)."""
+    from quantdiff.train.determinism import CPU_CAPABILITY, ENVIRONMENT, settings
+
+    current = settings()
+    pinned = current["cpu_capability"] == CPU_CAPABILITY and current["mkl_cbwr"] == ENVIRONMENT["MKL_CBWR"]
+    return (f"{current['cpu_capability']}, MKL_CBWR={current['mkl_cbwr']}, {current['threads']} thread(s), torch {current['torch']}"
+            + (" (pinned, as training pins them: any x86-64 CPU with AVX2 computes with the same kernels)" if pinned else " (not pinned: numbers may differ in other CPUs' last bits)"))
 
 

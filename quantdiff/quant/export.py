@@ -7,7 +7,7 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -77,7 +77,7 @@ def export_quantized(
         if isinstance(attention.site, LinearSite):
             raise ConfigError("only an attention quantization (site logits or qk) can be recorded with an export")
     model = load(source, device="cpu", trust_remote_code=trust_remote_code)
-    _refuse_nonfinite(model, source)
+    refuse_nonfinite(model.named_parameters(), source)
     targets = linear_targets(model, LinearSite(include_lm_head=include_lm_head), allow_partial)
     if not targets:
         raise ConfigError(f"no nn.Linear layer to quantize in {source}")
@@ -163,11 +163,12 @@ def _tied_to_other(model: nn.Module, targets: list[tuple[str, nn.Linear]]) -> st
     return next((fqn for fqn, module in targets if names_per_param[id(module.weight)] > 1), None)
 
 
-def _refuse_nonfinite(model: nn.Module, source: Path) -> None:
-    """NaN/Inf weights have no absmax scale: their export would be meaningless (and NaN never reads back equal)."""
-    for name, param in model.named_parameters():
-        if param.is_floating_point() and not bool(torch.isfinite(param).all()):
-            raise LoadError(f"{name} in {source} holds NaN or Inf values: refusing to quantize a model with non-finite weights")
+def refuse_nonfinite(tensors: Iterable[tuple[str, torch.Tensor]], source: Path, action: str = "quantize") -> None:
+    """NaN/Inf weights have no absmax scale: their export would be meaningless (and NaN never reads back equal);
+    measured, they give null accuracies. `tensors`: a model's named parameters, or a directory's stored tensors."""
+    for name, tensor in tensors:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise LoadError(f"{name} in {source} holds NaN or Inf values: refusing to {action} a model with non-finite weights")
 
 
 def _without_code(settings: dict, trust_remote_code: bool) -> dict:

@@ -28,7 +28,7 @@ from quantdiff.models.loading import load
 from quantdiff.models.names import resolve
 from quantdiff.models.wheels import WHEEL_MODELS, wheel_file
 from quantdiff.models.source import model_source
-from quantdiff.quant.export import ExportSummary, _plain_tensors, _refuse_nonfinite, _tied_to_other, check_reloads
+from quantdiff.quant.export import ExportSummary, _plain_tensors, _tied_to_other, check_reloads, refuse_nonfinite
 from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.quant.gguf_tokenizer import add_bpe_tokenizer, check_bpe_tokenizer
 from quantdiff.quant.sites import LinearSite, linear_targets
@@ -104,7 +104,7 @@ def export_gguf(
     if gguf_source is None:  # a tokenizer the file cannot hold is refused before the (slow) load
         check_bpe_tokenizer(source)
     network = load(source, device="cpu")
-    _refuse_nonfinite(network, source)
+    refuse_nonfinite(network.named_parameters(), source)
     targets = linear_targets(network, LinearSite(include_lm_head=include_lm_head), allow_partial)
     tied = _tied_to_other(network, targets)
     if tied:

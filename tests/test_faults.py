@@ -203,6 +203,36 @@ def test_full_disk_gives_one_line_and_leaves_nothing(full_disk, capsys, command)
     assert tree_hashes(full_disk) == before  # no partial file, no temporary, no empty directory
 
 
+@pytest.mark.parametrize("disk", ["tmpfs", "dev-full"])
+def test_a_gguf_export_onto_a_full_disk_says_so_and_keeps_the_old_file(tmp_path, capsys, monkeypatch, no_progress_bars, disk):
+    """GGUF tensors went through numpy's tofile, whose short write was `internal error: OSError: N requested and
+    M written`; now the disk-full line of every other format. A 256 KiB tmpfs (root only) fills during the tensor
+    writes, where that happened; the writer's file opened on /dev/full (anywhere) fails at the header's first write."""
+    import gguf.gguf_writer
+
+    where = tmp_path
+    if disk == "tmpfs":
+        where = tmp_path / "small"
+        where.mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)], capture_output=True).returncode:
+            pytest.skip("cannot mount a small tmpfs here (needs root)")
+    elif not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    else:
+        monkeypatch.setattr(gguf.gguf_writer, "open", lambda _path, mode: open("/dev/full", mode), raising=False)
+    try:
+        (where / "x.gguf").write_bytes(b"the old export")
+        before = tree_hashes(where)
+        with pytest.raises(SystemExit) as exit_info:
+            main(["quantize", "tiny/standard", "--format", "gguf", "--bits", "8", "--out", str(where / "x.gguf"), "--force"])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 1 and err.count("\n") == 1 and err.startswith("error: no space left on device"), err
+        assert tree_hashes(where) == before  # the old file whole, no temporary left
+    finally:
+        if disk == "tmpfs":
+            subprocess.run(["umount", str(where)], check=False)
+
+
 # ---- --force and output targets ----------------------------------------------------------------------------
 
 

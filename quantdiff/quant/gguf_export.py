@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -171,6 +173,15 @@ def _gguf_tensors(network: nn.Module, config: dict, fmt: GGUFExport, chosen: set
     return out, quantized_bytes
 
 
+class _ReportedWrites(np.ndarray):
+    """An array that the GGUF writer writes through the file object: numpy's own `tofile` reports a full disk as
+    "N requested and M written", without errno, where the file's `write` raises ENOSPC, which `atomic_file`
+    turns into the one `no space left on device` line every format gives."""
+
+    def tofile(self, fid: IO[bytes], *args, **kwargs) -> None:
+        fid.write(memoryview(np.ascontiguousarray(self)))
+
+
 def _write(tmp: Path, arch: GGUFArchitecture, config: dict, source: Path, gguf_source: Path | None, fmt: GGUFExport, tensors: list, section: dict) -> None:
     import gguf
 
@@ -200,7 +211,7 @@ def _write(tmp: Path, arch: GGUFArchitecture, config: dict, source: Path, gguf_s
         add_bpe_tokenizer(writer, source, config["vocab_size"])
     writer.add_string(GGUF_KEY, json.dumps(section, sort_keys=True))
     for name, data, qtype in tensors:
-        writer.add_tensor(name, data, raw_dtype=qtype if qtype != gguf.GGMLQuantizationType.F32 else None)
+        writer.add_tensor(name, data.view(_ReportedWrites), raw_dtype=qtype if qtype != gguf.GGMLQuantizationType.F32 else None)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -15,6 +15,7 @@ from torch import nn
 
 from quantdiff import __version__
 from quantdiff.core.errors import ConfigError, LoadError
+from quantdiff.core.manifest import MANIFEST
 from quantdiff.core.atomic import json_text, signals_deferred
 from quantdiff.core.savedir import MARKER, atomic_dir, check_target
 from quantdiff.models.loading import PICKLE_SUFFIXES, load
@@ -182,7 +183,7 @@ def _copy_side_files(source: Path, target: Path, trust_remote_code: bool) -> Non
     for file in source.iterdir():
         if not file.is_file() or file.suffix in (".safetensors", *PICKLE_SUFFIXES):
             continue
-        if file.name in ("config.json", "model.safetensors.index.json", MARKER) or (file.suffix == ".py" and not trust_remote_code):
+        if file.name in ("config.json", "model.safetensors.index.json", MARKER, MANIFEST) or (file.suffix == ".py" and not trust_remote_code):
             continue
         settings = _json_object(file) if file.suffix == ".json" else None
         if settings is not None and "auto_map" in settings and not trust_remote_code:

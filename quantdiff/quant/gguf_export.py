@@ -178,7 +178,7 @@ class _ReportedWrites(np.ndarray):
     "N requested and M written", without errno, where the file's `write` raises ENOSPC, which `atomic_file`
     turns into the one `no space left on device` line every format gives."""
 
-    def tofile(self, fid: IO[bytes], *args, **kwargs) -> None:
+    def tofile(self, fid: IO[bytes], *args: object, **kwargs: object) -> None:
         fid.write(memoryview(np.ascontiguousarray(self)))
 
 
@@ -212,10 +212,12 @@ def _write(tmp: Path, arch: GGUFArchitecture, config: dict, source: Path, gguf_s
     writer.add_string(GGUF_KEY, json.dumps(section, sort_keys=True))
     for name, data, qtype in tensors:
         writer.add_tensor(name, data.view(_ReportedWrites), raw_dtype=qtype if qtype != gguf.GGMLQuantizationType.F32 else None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()  # on a full disk too: the temporary's descriptor is not left open after it is deleted
 
 
 def _rope_theta(config: dict) -> float:

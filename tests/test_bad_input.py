@@ -199,6 +199,11 @@ CASES = [
     ("broken-tokenizer", ["stats", "{src}", "--tokens", "64"], _broken_tokenizer, None, "no usable tokenizer"),
     ("bad-data-line", ["stats", "{src}", "--data", "{tmp}/bad.jsonl"], None, _bad_data, "line 2"),
     ("quantize-bits-9", ["quantize", "{src}", "--out", "{tmp}/q", "--bits", "9"], None, None, "bits"),
+    # '-' is stdout for --json only: any other output named '-' once became a directory or file called '-'
+    ("stats-plot-stdout", ["stats", "{src}", "--tokens", "64", "--plot", "-"], None, None, "--plot -: '-' (stdout) is for --json only"),
+    ("sweep-plot-stdout", ["sweep", "{src}", "--plot", "-"], None, None, "--plot -: '-' (stdout) is for --json only"),
+    ("quantize-out-stdout", ["quantize", "{src}", "--out", "-"], None, None, "--out -: '-' (stdout) is for --json only"),
+    ("pair-out-stdout", ["pair", "-"], None, None, "-: '-' (stdout) is for --json only"),
     ("sweep-empty-bits-item", ["sweep", "{src}", "--bits", "16,8,,4"], None, None, "empty item"),
     ("sweep-repeated-bits", ["sweep", "{src}", "--bits", "8,4,8"], None, None, "twice"),
     ("sweep-repeated-method", ["sweep", "{src}", "--method", "absmax,absmax"], None, None, "twice"),

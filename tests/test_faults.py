@@ -203,6 +203,39 @@ def test_full_disk_gives_one_line_and_leaves_nothing(full_disk, capsys, command)
     assert tree_hashes(full_disk) == before  # no partial file, no temporary, no empty directory
 
 
+@pytest.mark.parametrize("disk", ["tmpfs", "dev-full"])
+def test_a_gguf_export_onto_a_full_disk_says_so_and_keeps_the_old_file(tmp_path, capsys, monkeypatch, no_progress_bars, disk):
+    """GGUF tensors went through numpy's tofile, whose short write was `internal error: OSError: N requested and
+    M written`; now the disk-full line of every other format. A 256 KiB tmpfs (root only) fills during the tensor
+    writes, where that happened; the writer's file opened on /dev/full (anywhere) fails at the header's first write."""
+    import gguf.gguf_writer
+
+    where = tmp_path
+    if disk == "tmpfs":
+        where = tmp_path / "small"
+        where.mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)], capture_output=True).returncode:
+            pytest.skip("cannot mount a small tmpfs here (needs root)")
+    elif not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    else:
+        monkeypatch.setattr(gguf.gguf_writer, "open", lambda _path, mode: open("/dev/full", mode), raising=False)
+    try:
+        (where / "x.gguf").write_bytes(b"the old export")
+        before = tree_hashes(where)
+        with pytest.raises(SystemExit) as exit_info:
+            main(["quantize", "tiny/standard", "--format", "gguf", "--bits", "8", "--out", str(where / "x.gguf"), "--force"])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 1 and err.count("\n") == 1 and err.startswith("error: no space left on device"), err
+        assert tree_hashes(where) == before  # the old file whole, no temporary left
+    finally:
+        if disk == "tmpfs":
+            unmounted = subprocess.run(["umount", str(where)]).returncode == 0
+            if not unmounted:
+                subprocess.run(["umount", "-l", str(where)])  # never left mounted
+            assert unmounted, "busy: the export left a descriptor open on the disk"
+
+
 # ---- --force and output targets ----------------------------------------------------------------------------
 
 
@@ -404,6 +437,66 @@ def test_a_signal_gives_its_exit_code_one_line_and_no_output(tmp_path, point, si
     assert proc.returncode == 128 + signum, (proc.returncode, err)
     assert out == "" and err.splitlines() == [f"error: {'interrupted' if name == 'SIGINT' else 'terminated'} by {name}"], err
     assert tree_hashes(tmp_path) == before  # no JSON, no plots, no temporaries; the source untouched
+
+
+# Runs `quantdiff ARGS...` as the process's own run (main() on sys.argv) and sends itself SIGNUM at POINT:
+# "returning" as the command returns, its outputs written; "settled" once main has the command's outcome;
+# "exited" after main returned, as the interpreter exits. raise_signal runs the handler before it returns.
+LATE_SIGNAL_DRIVER = textwrap.dedent(
+    """
+    import signal, sys
+    import quantdiff.cli.app as app
+
+    point, signum, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    if point == "returning":
+        real_build = app.build_app
+
+        def build_app():
+            command = real_build()
+
+            def run(*a, **k):
+                result = command(*a, **k)
+                signal.raise_signal(signum)
+                return result
+
+            return run
+
+        app.build_app = build_app
+    elif point == "settled":
+        real_outcome = app._outcome
+
+        def outcome(argv):
+            result = real_outcome(argv)
+            signal.raise_signal(signum)
+            return result
+
+        app._outcome = outcome
+    sys.argv = ["quantdiff", *args]
+    app.main()
+    if point == "exited":
+        signal.raise_signal(signum)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "point, signum, reported",
+    [("returning", signal.SIGTERM, True), ("settled", signal.SIGINT, True), ("exited", signal.SIGTERM, False)],
+    ids=["sigterm-as-the-command-returns", "sigint-after-the-outcome", "sigterm-as-the-process-exits"],
+)
+def test_a_signal_after_the_last_write_is_one_line_or_none_never_a_kill(tmp_path, point, signum, reported):
+    """The window between the last write and exit once ended the process with status -15/-2 and no line: now a
+    signal up to main's last check is its `error:` line and 128 + the signal, and one after it leaves the run's
+    own status (0); the outputs are whole either way."""
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
+    args = ["stats", str(SOURCE), "--tokens", "128", "--quiet", "--json", str(tmp_path / "s.json")]
+    proc = subprocess.run([sys.executable, "-c", LATE_SIGNAL_DRIVER, point, str(int(signum)), *args], capture_output=True,
+                          text=True, env=env, timeout=300, preexec_fn=_default_sigint)
+    name = signal.Signals(signum).name
+    line = f"error: {'interrupted' if name == 'SIGINT' else 'terminated'} by {name}"
+    assert (proc.returncode, proc.stderr.splitlines()) == ((128 + signum, [line]) if reported else (0, [])), proc.stderr
+    assert json.loads((tmp_path / "s.json").read_text())["schema"].startswith("quantdiff.")  # written whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]  # no temporary left
 
 
 def test_a_typer_exit_code_is_not_dropped(monkeypatch):

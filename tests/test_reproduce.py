@@ -212,3 +212,30 @@ def test_real_model_section_says_why_when_the_model_cannot_load(tmp_path):
     (line,) = console.file.getvalue().splitlines()
     assert line.startswith(f"real model '{tmp_path / 'no-such-model'}' not measured: ")
     assert not (tmp_path / "real_model.json").exists()
+
+
+@pytest.mark.parametrize("real_model, message", [
+    ("tiny", "--real-model 'tiny' names 2 models (standard, diff); name one of them, e.g. tiny/standard"),
+    ("tiny/diff,bb", "--real-model 'bb' names 6 models"),
+    ("{nan}", "model.layers.1.self_attn.q_proj.weight in {nan} holds NaN or Inf values: refusing to measure"),
+], ids=["built-in-pair", "second-name-a-group", "nan-weight"])
+def test_reproduce_refuses_a_real_model_it_cannot_measure_before_any_work(tmp_path, capsys, monkeypatch, real_model, message):
+    """A name standing for several models (once `ValueError: too many values to unpack`) and a model with a NaN
+    weight (once a TypeError on its null accuracy, after the whole analysis) are one line before anything runs."""
+    from tests.test_bad_input import _nan_model
+    import quantdiff.jobs.trained_runs as trained_runs
+
+    nan = _nan_model(tmp_path, "model.layers.1.self_attn.q_proj.weight")
+    monkeypatch.setattr(trained_runs, "find_runs", lambda *a: pytest.fail("the analysis started"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["reproduce", "tiny", "--out", str(tmp_path / "rep"), "--real-model", real_model.format(nan=nan)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1 and message.format(nan=nan) in err, err
+    assert not (tmp_path / "rep").exists()
+
+
+def test_a_real_model_named_as_one_of_a_group_is_checked_and_measured_alone():
+    from quantdiff.jobs.real_model import check_real_models, resolve_one
+
+    check_real_models("tiny/diff, tiny/standard")
+    assert resolve_one("tiny/diff").name == "diff"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from quantdiff.eval.tasks.registry import headline_metric
 from quantdiff.train import loop as training
 from quantdiff.train.recipe import parse_recipe
 from quantdiff.train.seeds import for_seed, run_dirs, seed_list, train_seeds, unfinished
+from tests.test_bad_input import tree_hashes
 
 TRACE = json.loads((Path(__file__).parent / "data" / "bb_micro_loss_trace.json").read_text())
 ARMS = ("standard", "diff", "standard-sgd")
@@ -389,6 +391,32 @@ def test_bad_multi_seed_commands_are_one_error_line(trained, tmp_path, capsys):
     assert "seed-0 is not fully trained" in message
     (tmp_path / "empty").mkdir()
     assert "holds no trained models" in _cli_error(["reproduce", str(tmp_path / "empty"), "--out", str(tmp_path / "r")], capsys)
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda arm: _flip_last_byte(arm / "model.safetensors"), "model.safetensors differs from the file written"),
+    (lambda arm: (arm / "tokenizer.json").unlink(), "tokenizer.json is missing"),
+    (lambda arm: (arm / "quantdiff-manifest.json").unlink(), "its quantdiff-manifest.json is missing or unreadable"),
+], ids=["flipped-weight-byte", "deleted-tokenizer", "deleted-manifest"])
+def test_a_finished_seed_changed_after_training_is_refused_never_skipped_or_retrained(trained, tmp_path, capsys, damage, named):
+    """A finished seed was skipped on a re-run unchecked: its arms are now verified against the manifest training
+    wrote, and a difference is one line naming the seed and the file; nothing is trained over it."""
+    run = tmp_path / "runs"
+    shutil.copytree(trained, run, symlinks=True)
+    damage(run / "seed-7" / "diff")
+    before = tree_hashes(run)
+    recipe = tmp_path / "micro.toml"
+    recipe.write_text(MICRO_BB.replace("SEEDS", "seeds = [0, 7]"))
+    line = f"seed 7: {run / 'seed-7' / 'diff'} is not what training wrote ({named})"
+    assert line in _cli_error(["train", str(recipe), "--out", str(run)], capsys)
+    assert line in _cli_error(["reproduce", str(run), "--out", str(tmp_path / "r"), "--real-model", "none"], capsys)
+    assert tree_hashes(run) == before and not (tmp_path / "r").exists()
+
+
+def _flip_last_byte(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    data[-1] ^= 1
+    file.write_bytes(bytes(data))
 
 
 def test_a_saved_recipe_trains_the_same_models_unless_training_changed():

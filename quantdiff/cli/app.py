@@ -9,7 +9,9 @@ With QUANTDIFF_DEBUG=1 the exception propagates with its traceback instead.
 Signals take the same path: SIGINT, SIGTERM and SIGHUP raise `Interrupted` wherever the program is (imports,
 loading, a measurement), so context managers discard partial outputs, and the run ends with one line and exit
 code 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM). typer is imported only after the handlers are in
-place, so even a Ctrl-C during start-up takes this path.
+place, so even a Ctrl-C during start-up takes this path. Once the command has returned (its outputs written) a
+signal is recorded instead of raised, and reported the same way. The process's own run (`main()` without argv)
+then ignores the signals while it exits, so a later one never kills it with the default action (status -15).
 """
 
 from __future__ import annotations
@@ -44,20 +46,26 @@ class Interrupted(KeyboardInterrupt):
 
 
 _received: list[int] = []  # signals seen by this process: a library that swallows Interrupted cannot hide one
+_settled = False  # the command has returned: a signal is recorded (and reported by main), no longer raised
 
 
 def _raise_interrupted(signum: int, _frame: object) -> None:
     _received.append(signum)
-    raise Interrupted(signum)
+    if not _settled:
+        raise Interrupted(signum)
 
 
 @contextmanager
-def _signals_raise_interrupted() -> Iterator[None]:
-    """Install the handler for the run, then restore the caller's (tests call main in-process).
+def _signals_raise_interrupted(restore: bool = True) -> Iterator[None]:
+    """Install the handler for the run, then restore the caller's (tests call main in-process) when `restore`,
+    else ignore the signals: the process's own run is exiting with the status main is about to decide, which the
+    default action (status -15) would replace, and ignored signals stay ignored through the interpreter's exit.
 
     A signal the parent set to be ignored (nohup, a background job) stays ignored. Python runs handlers in the
     main thread only, so main() called from another thread leaves them alone."""
+    global _settled
     _received.clear()
+    _settled = False
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -69,7 +77,7 @@ def _signals_raise_interrupted() -> Iterator[None]:
         yield
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, handler if restore else signal.SIG_IGN)
 
 # (command name, module under quantdiff.cli.commands, function) — modules hold no logic beyond argument handling.
 COMMANDS = [
@@ -159,22 +167,37 @@ def error_line(exc: BaseException) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: every exception becomes one `error:` line and a non-zero exit (see the module docstring)."""
-    with _signals_raise_interrupted():
+    """Entry point: every exception becomes one `error:` line and a non-zero exit (see the module docstring).
+    Without `argv` this is the process's own run (sys.argv; the `quantdiff` script, `python -m quantdiff`),
+    which exits with it: once its status is decided, the handled signals are ignored until the process is gone."""
+    with _signals_raise_interrupted(restore=argv is not None):
         _quiet_transformers()
+        line, code = _outcome(argv)
+    if _received:  # a signal that some library swallowed, or one after the command returned: still interrupted
+        line, code = interrupted_line(_received[0])
+    if line is not None:
+        _fail(line, code)
+    if code != 0:
+        sys.exit(code)
+
+
+def _outcome(argv: list[str] | None) -> tuple[str | None, int]:
+    """(the `error:` line or None, the exit code) of the command; from its return on, signals are only recorded."""
+    global _settled
+    try:
         try:
             # Outside standalone mode click returns, rather than raises, the code of a typer.Exit.
             code = build_app()(args=argv, standalone_mode=False)
-        except SystemExit:
+        finally:
+            _settled = True
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        _settled = True  # when the signal came before the assignment above
+        if os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
             raise
-        except BaseException as exc:
-            if os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
-                raise
-            _fail(*error_line(exc))
-        if _received:  # a signal that some library caught and swallowed: the run is still interrupted
-            _fail(*interrupted_line(_received[0]))
-    if isinstance(code, int) and code != 0:
-        sys.exit(code)
+        return error_line(exc)
+    return None, code if isinstance(code, int) else 0
 
 
 def _fail(line: str, code: int) -> None:

@@ -44,12 +44,9 @@ def make_cli_task(name: str, batch_size: int, **given: object) -> Task:
 
 def check_output(path: Path | None, suffixes: Sequence[str] | None, force: bool = False, flag: str = "output") -> None:
     """Fail before any work if an output file cannot be written as asked (`suffixes`: None = any; a `--json`
-    of '-' is stdout); an existing file must be quantdiff's, or `force` given."""
-    if path is None:
-        return
-    if str(path) == STDOUT:
-        if suffixes is not None:
-            raise ConfigError(f"{flag} writes a file: '-' (stdout) is for --json only")
+    of '-' is stdout, which `core.outputs.check_outputs` allows for --json only); an existing file must be
+    quantdiff's, or `force` given."""
+    if path is None or str(path) == STDOUT:
         return
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise ConfigError(f"{path}: use one of {', '.join(suffixes)}")

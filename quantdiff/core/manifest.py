@@ -31,15 +31,21 @@ def write_manifest(directory: Path) -> None:
 
 
 def matches_manifest(directory: Path) -> bool:
-    """Whether `directory` holds exactly the files its manifest records, each of the recorded size and sha256
-    (sizes first: a truncated file costs no hashing). False without a readable manifest."""
+    """Whether `directory` holds exactly the files its manifest records, each of the recorded size and sha256."""
+    return manifest_mismatch(directory) is None
+
+
+def manifest_mismatch(directory: Path) -> str | None:
+    """None when `directory` holds exactly the files its manifest records, each of the recorded size and sha256
+    (sizes first: a truncated file costs no hashing); else what differs first, naming the file."""
     try:
         recorded = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
-        files = _files(directory)
-        if sorted(recorded) != [str(p.relative_to(directory)) for p in files]:
-            return False
-        if any(p.stat().st_size != recorded[str(p.relative_to(directory))]["size"] for p in files):
-            return False
-        return all(file_sha256(p) == recorded[str(p.relative_to(directory))]["sha256"] for p in files)
+        files = {str(p.relative_to(directory)): p for p in _files(directory)}
+        missing, added = sorted(set(recorded) - set(files)), sorted(set(files) - set(recorded))
+        if missing or added:
+            return f"{missing[0]} is missing" if missing else f"{added[0]} was added"
+        resized = next((name for name, p in files.items() if p.stat().st_size != recorded[name]["size"]), None)
+        changed = resized or next((name for name, p in files.items() if file_sha256(p) != recorded[name]["sha256"]), None)
+        return None if changed is None else f"{changed} differs from the file written"
     except (OSError, ValueError, KeyError, TypeError):
-        return False
+        return f"its {MANIFEST} is missing or unreadable"

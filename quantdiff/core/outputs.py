@@ -58,7 +58,11 @@ def named_weight_files(model_dir: Path) -> list[str]:
 def check_outputs(outputs: Mapping[str, str | Path | None], inputs: Iterable[str | Path], replaced: bool = False) -> None:
     """Refuse an output (flag -> path; None = not given) that resolves to an input, lies inside an input
     directory, or — for a directory the command replaces as a whole (`replaced`) — holds an input; and two
-    outputs resolving to the same path, or one whose parent cannot exist. `-` (standard output) is no path."""
+    outputs resolving to the same path, or one whose parent cannot exist. `-` (standard output) is no path, and
+    only --json writes there: any other output named `-` would be a file or directory called `-`."""
+    stdout = next((flag for flag, path in outputs.items() if path is not None and str(path) == STDOUT and flag != "--json"), None)
+    if stdout is not None:
+        raise ConfigError(f"{stdout} -: '-' (stdout) is for --json only; name a path")
     given = {flag: Path(path) for flag, path in outputs.items() if path is not None and str(path) != STDOUT}
     sources = [pair for source in inputs for pair in _resolved(Path(source))]
     seen: dict[Path, str] = {}

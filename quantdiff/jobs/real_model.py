@@ -14,8 +14,9 @@ import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
+import torch
 from torch import nn
 
 from quantdiff.models.bos import BosChoice, decide_bos
@@ -116,6 +117,47 @@ def fitted(plan: RealModelPlan, model: nn.Module) -> RealModelPlan:
     return dataclasses.replace(plan, seq_len=min(plan.seq_len, positions), context=min(plan.context, positions))
 
 
+def resolve_one(target: str) -> Path:
+    """The directory of the one model `target` names; a name standing for several ('tiny', a pair directory) is
+    one ConfigError line, since the section measures a model per name."""
+    from quantdiff.core.errors import ConfigError
+    from quantdiff.models.names import resolve
+
+    paths = resolve(target)
+    if len(paths) != 1:
+        raise ConfigError(f"--real-model {target!r} names {len(paths)} models ({', '.join(p.name for p in paths)}); name one of them, e.g. {target.rstrip('/')}/{paths[0].name}")
+    return paths[0]
+
+
+def read_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor the safetensors `files` hold, one at a time."""
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def check_real_models(targets: str) -> None:
+    """Before any work: every name is one model, and no model holds a NaN or Inf weight (its measurement would
+    give null accuracies). A model that cannot be resolved or read is left to `measure_target`, which reports it
+    as not measured (a wheel that is not installed must not stop the report)."""
+    from quantdiff.core.errors import LoadError
+    from quantdiff.models.loading import check_model_dir
+    from quantdiff.models.stored import weight_files
+    from quantdiff.quant.export import refuse_nonfinite
+
+    for target in (t.strip() for t in targets.split(",") if t.strip()):
+        try:
+            path = resolve_one(target)
+            check_model_dir(path)  # headers sound, so that reading the tensors cannot fail
+            files = weight_files(path)
+        except LoadError:
+            continue
+        refuse_nonfinite(read_tensors(files), path, action="measure")
+
+
 def measure_target(target: str, device: str | None, console, plan: RealModelPlan) -> dict:
     """Load `target` (a built-in name or model directory) and measure it: its document, or {"model", "skipped":
     reason} when it cannot be loaded or measured (e.g. the wheel holding it is not installed), with a console
@@ -123,12 +165,11 @@ def measure_target(target: str, device: str | None, console, plan: RealModelPlan
     from quantdiff.core.errors import QuantdiffError
     from quantdiff.core.progress import task_bars
     from quantdiff.models.loading import load_tokenizer
-    from quantdiff.models.names import resolve
     from quantdiff.quant.checkpoint import load
     from quantdiff.report.console import warn
 
     try:
-        (path,) = resolve(target)
+        path = resolve_one(target)
         tokenizer = load_tokenizer(path)
         model = load(path, device=device)
         plan = fitted(plan_for(target, plan), model)

@@ -24,11 +24,14 @@ from quantdiff.jobs.measure_arms import ReproduceOptions, measure_arms, reproduc
 def reproduce(options: ReproduceOptions, console) -> Path:
     """Run stats and the sweep on the trained arms (every seed's) and write the report directory; returns the
     path of report.md."""
+    from quantdiff.jobs.real_model import check_real_models
     from quantdiff.jobs.reproduce_seeds import multi_seed_report
     from quantdiff.jobs.trained_runs import find_runs
 
     read = given_inputs(options)
     check_target(options.out, options.force, read, flag="--out", kind="report")  # before any training or loading
+    if options.real_model:
+        check_real_models(options.real_model)
     trained = find_runs(options.target, console)
     read += list(trained.dirs)
     check_target(options.out, options.force, read, flag="--out", kind="report")  # never the models being analysed

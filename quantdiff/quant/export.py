@@ -7,7 +7,7 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -15,6 +15,7 @@ from torch import nn
 
 from quantdiff import __version__
 from quantdiff.core.errors import ConfigError, LoadError
+from quantdiff.core.manifest import MANIFEST
 from quantdiff.core.atomic import json_text, signals_deferred
 from quantdiff.core.savedir import MARKER, atomic_dir, check_target
 from quantdiff.models.loading import PICKLE_SUFFIXES, load
@@ -77,7 +78,7 @@ def export_quantized(
         if isinstance(attention.site, LinearSite):
             raise ConfigError("only an attention quantization (site logits or qk) can be recorded with an export")
     model = load(source, device="cpu", trust_remote_code=trust_remote_code)
-    _refuse_nonfinite(model, source)
+    refuse_nonfinite(model.named_parameters(), source)
     targets = linear_targets(model, LinearSite(include_lm_head=include_lm_head), allow_partial)
     if not targets:
         raise ConfigError(f"no nn.Linear layer to quantize in {source}")
@@ -163,11 +164,12 @@ def _tied_to_other(model: nn.Module, targets: list[tuple[str, nn.Linear]]) -> st
     return next((fqn for fqn, module in targets if names_per_param[id(module.weight)] > 1), None)
 
 
-def _refuse_nonfinite(model: nn.Module, source: Path) -> None:
-    """NaN/Inf weights have no absmax scale: their export would be meaningless (and NaN never reads back equal)."""
-    for name, param in model.named_parameters():
-        if param.is_floating_point() and not bool(torch.isfinite(param).all()):
-            raise LoadError(f"{name} in {source} holds NaN or Inf values: refusing to quantize a model with non-finite weights")
+def refuse_nonfinite(tensors: Iterable[tuple[str, torch.Tensor]], source: Path, action: str = "quantize") -> None:
+    """NaN/Inf weights have no absmax scale: their export would be meaningless (and NaN never reads back equal);
+    measured, they give null accuracies. `tensors`: a model's named parameters, or a directory's stored tensors."""
+    for name, tensor in tensors:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise LoadError(f"{name} in {source} holds NaN or Inf values: refusing to {action} a model with non-finite weights")
 
 
 def _without_code(settings: dict, trust_remote_code: bool) -> dict:
@@ -181,7 +183,7 @@ def _copy_side_files(source: Path, target: Path, trust_remote_code: bool) -> Non
     for file in source.iterdir():
         if not file.is_file() or file.suffix in (".safetensors", *PICKLE_SUFFIXES):
             continue
-        if file.name in ("config.json", "model.safetensors.index.json", MARKER) or (file.suffix == ".py" and not trust_remote_code):
+        if file.name in ("config.json", "model.safetensors.index.json", MARKER, MANIFEST) or (file.suffix == ".py" and not trust_remote_code):
             continue
         settings = _json_object(file) if file.suffix == ".json" else None
         if settings is not None and "auto_map" in settings and not trust_remote_code:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -28,7 +30,7 @@ from quantdiff.models.loading import load
 from quantdiff.models.names import resolve
 from quantdiff.models.wheels import WHEEL_MODELS, wheel_file
 from quantdiff.models.source import model_source
-from quantdiff.quant.export import ExportSummary, _plain_tensors, _refuse_nonfinite, _tied_to_other, check_reloads
+from quantdiff.quant.export import ExportSummary, _plain_tensors, _tied_to_other, check_reloads, refuse_nonfinite
 from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.quant.gguf_tokenizer import add_bpe_tokenizer, check_bpe_tokenizer
 from quantdiff.quant.sites import LinearSite, linear_targets
@@ -104,7 +106,7 @@ def export_gguf(
     if gguf_source is None:  # a tokenizer the file cannot hold is refused before the (slow) load
         check_bpe_tokenizer(source)
     network = load(source, device="cpu")
-    _refuse_nonfinite(network, source)
+    refuse_nonfinite(network.named_parameters(), source)
     targets = linear_targets(network, LinearSite(include_lm_head=include_lm_head), allow_partial)
     tied = _tied_to_other(network, targets)
     if tied:
@@ -171,6 +173,15 @@ def _gguf_tensors(network: nn.Module, config: dict, fmt: GGUFExport, chosen: set
     return out, quantized_bytes
 
 
+class _ReportedWrites(np.ndarray):
+    """An array that the GGUF writer writes through the file object: numpy's own `tofile` reports a full disk as
+    "N requested and M written", without errno, where the file's `write` raises ENOSPC, which `atomic_file`
+    turns into the one `no space left on device` line every format gives."""
+
+    def tofile(self, fid: IO[bytes], *args: object, **kwargs: object) -> None:
+        fid.write(memoryview(np.ascontiguousarray(self)))
+
+
 def _write(tmp: Path, arch: GGUFArchitecture, config: dict, source: Path, gguf_source: Path | None, fmt: GGUFExport, tensors: list, section: dict) -> None:
     import gguf
 
@@ -200,11 +211,13 @@ def _write(tmp: Path, arch: GGUFArchitecture, config: dict, source: Path, gguf_s
         add_bpe_tokenizer(writer, source, config["vocab_size"])
     writer.add_string(GGUF_KEY, json.dumps(section, sort_keys=True))
     for name, data, qtype in tensors:
-        writer.add_tensor(name, data, raw_dtype=qtype if qtype != gguf.GGMLQuantizationType.F32 else None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        writer.add_tensor(name, data.view(_ReportedWrites), raw_dtype=qtype if qtype != gguf.GGMLQuantizationType.F32 else None)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()  # on a full disk too: the temporary's descriptor is not left open after it is deleted
 
 
 def _rope_theta(config: dict) -> float:

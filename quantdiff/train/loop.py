@@ -51,6 +51,7 @@ from quantdiff.data.bigram_backcopy import BigramBackcopy
 from quantdiff.models.pairs import build_model, kind_configs, lambda_parameter_count, parameter_count
 from quantdiff.train.recipe import ArmConfig, Recipe, TrainConfig, check_needles_fit, curriculum
 from quantdiff.core.atomic import json_text
+from quantdiff.core.manifest import write_manifest
 from quantdiff.core.savedir import atomic_dir
 from quantdiff.data.needles import Filler, NeedleExample, make_needle_example, most_document_tokens, vocabulary_text
 from quantdiff.data.sources import Batch
@@ -497,4 +498,5 @@ def finish(run: Run, console) -> dict[str, Path]:
             save_tokenizer(data.tokenizer, tmp)
             (tmp / "recipe.toml").write_text(recipe.source)
             (tmp / "train_log.json").write_text(json_text(log, indent=1))
+            write_manifest(tmp)  # a finished seed is verified against it before a re-run skips it (train.seeds)
     return paths

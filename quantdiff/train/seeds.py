@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from quantdiff.core.errors import ConfigError
+from quantdiff.core.manifest import manifest_mismatch
 from quantdiff.train import determinism
 from quantdiff.train.loop import Checkpoint, arms_exist, train_pair
 from quantdiff.train.recipe import Recipe
@@ -78,6 +79,10 @@ def finished(recipe: Recipe, directory: Path) -> bool:
         source, seed = "", None
     if not same_training(source, recipe, seed if isinstance(seed, int) else None):
         raise ConfigError(f"{directory} holds models trained by a different recipe (see {saved}): remove it, or retrain with quantdiff train --force")
+    for arm in recipe.arm_names:  # never skipped, nor measured, unchecked: weights changed since training are refused
+        changed = manifest_mismatch(directory / arm)
+        if changed is not None:
+            raise ConfigError(f"seed {recipe.train.seed}: {directory / arm} is not what training wrote ({changed}): remove {directory}, or retrain with quantdiff train --force")
     return True
 
 

@@ -293,7 +293,7 @@ def test_gguf_out_is_replaced_only_when_quantdiff_wrote_it(tmp_path, gguf_cache)
         (["tiny/standard", "--format", "gguf", "--bits", "6", "--out", "x.gguf"], "gguf export takes --bits 8 (Q8_0) or 4 (Q4_0), got 6"),
         (["tiny/standard", "--format", "gguf", "--out", "x"], "must end in .gguf"),
         (["tiny/standard", "--format", "gguf", "--group-size", "32", "--out", "x.gguf"], "no --group-size"),
-        (["tiny/standard", "--format", "gguf", "--out", "x.gguf", "--attention-bits", "8"], "--attention-bits does nothing with --format gguf"),
+        (["tiny/standard", "--format", "gguf", "--out", "x.gguf", "--attention-bits", "8"], "--attention-bits is recorded by --format quantdiff only: the loaders of --format gguf"),
         (["tiny/standard", "--format", "compressed-tensors", "--bits", "6", "--out", "y"], "takes --bits 4 (W4A16) or 8 (W8A8), got 6"),
         (["tiny/standard", "--format", "compressed-tensors", "--bits", "8", "--group-size", "32", "--out", "y"], "W8A8 has per-channel"),
         (["tiny/standard", "--format", "compressed-tensors", "--method", "nf4", "--out", "y"], "--method nf4 is a layout of --format quantdiff"),

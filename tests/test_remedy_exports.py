@@ -8,6 +8,7 @@ import torch
 
 from quantdiff.cli.transform_options import make_transform
 from quantdiff.core.errors import ConfigError
+from quantdiff.models.loading import load_tokenizer
 from quantdiff.models.names import resolve
 from quantdiff.quant.checkpoint import load, load_quantized
 from quantdiff.quant.export import export_quantized
@@ -27,7 +28,7 @@ def _ids() -> torch.Tensor:
 def _fake_quantized_logits(transform, method) -> torch.Tensor:
     """The source model with weight-only fake quantization and the same transform: what the export must reload to."""
     model = load(SOURCE, device="cpu")
-    config = calibrated_configs([QuantConfig(method, LinearSite(inputs=False, transform=transform))], model, None)[0]
+    config = calibrated_configs([QuantConfig(method, LinearSite(inputs=False, transform=transform))], model, load_tokenizer(SOURCE))[0]
     with torch.no_grad(), quantized(model, config):
         return model(_ids()).logits
 

@@ -27,6 +27,7 @@ class PlanRequest:
     device: str | None = None
     force: bool = False
     trust_remote_code: bool = False
+    json_path: Path | None = None  # the command's --json: checked with the outputs
 
     @property
     def single(self) -> bool:
@@ -63,11 +64,11 @@ def run(request: PlanRequest) -> list[tuple[Path, KVPlan | None, str | None]]:
 
     check_request(request)
     check_mode(request.bos)
-    check_calibration_source(request.calibration, None, None)
+    check_calibration_source(request.calibration, "lm", None)  # builtin:corpus is what the text tasks evaluate
     target = resolve_device(request.device, "--device")
     [(name, path)] = resolve_models([request.model])
     calibration_inputs = [] if request.calibration.startswith("builtin:") else [request.calibration]
-    check_outputs({"--out": request.out}, model_inputs([request.model], [path]) + calibration_inputs)
+    check_outputs({"--out": request.out, "--json": request.json_path}, model_inputs([request.model], [path]) + calibration_inputs)
     tokenizer = load_tokenizer(path)
     bos = decide_bos(path, tokenizer, request.bos)
     model = load(path, device=target, trust_remote_code=request.trust_remote_code)

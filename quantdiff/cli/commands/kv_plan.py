@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from quantdiff.cli.options import BosOpt, DeviceOpt, FileForceOpt, QuietOpt, RemoteOpt
+from quantdiff.cli.options import BosOpt, DeviceOpt, FileForceOpt, JsonOpt, QuietOpt, RemoteOpt
 
 
 def kv_plan(
@@ -21,6 +21,7 @@ def kv_plan(
     keep_first: Annotated[int, typer.Option("--keep-first", help="Policy first: positions kept at 16 bits.")] = 1,
     step: Annotated[int, typer.Option("--step", help="Policy heads: bits added to sink heads and taken from as many non-sink heads.")] = 1,
     device: DeviceOpt = None,
+    json_path: JsonOpt = None,
     quiet: QuietOpt = False,
     trust_remote_code: RemoteOpt = False,
     force: FileForceOpt = False,
@@ -31,6 +32,7 @@ def kv_plan(
     Calibrates MODEL on data no task evaluates (sink score per head, massive-activation positions), derives a plan
     per policy and budget (per layer: bits per KV head, positions kept at 16 bits) and writes it as JSON
     (schema quantdiff.kv-plan, docs/quantization.md); `eval`/`sweep --kv-plan FILE` apply it."""
+    from quantdiff.core.atomic import write_json
     from quantdiff.cli.validate import check_list
     from quantdiff.jobs.kv_plan import PlanRequest, run
     from quantdiff.quant.registry import parse_bits, split_names
@@ -39,10 +41,16 @@ def kv_plan(
     for flag, text in (("--bits", bits), ("--policy", policy)):
         check_list(text, flag)
     request = PlanRequest(model, tuple(split_names(policy, "policies")), tuple(parse_bits(bits)), out, calibration,
-                          calibration_tokens, seq_len, keep_first, step, bos, device, force, trust_remote_code)
+                          calibration_tokens, seq_len, keep_first, step, bos, device, force, trust_remote_code, json_path)
     notes = line_console(stderr=True)
-    for path, plan, reason in run(request):
+    written = run(request)
+    for path, plan, reason in written:
         if plan is None:
             notes.print(f"[yellow]skipped {path.name}: {reason}[/yellow]")
         elif not quiet:
             notes.print(f"{path}: {plan.policy} at {plan.budget_bits} bits, {plan.expected_bits(seq_len):.3f} bits per cached element at {seq_len} tokens")
+    if json_path is not None:
+        plans = [{"path": str(path), "skipped": reason} if plan is None else
+                 {"path": str(path), "policy": plan.policy, "budget_bits": plan.budget_bits, "expected_bits": plan.expected_bits(seq_len), "seq_len": seq_len}
+                 for path, plan, reason in written]
+        write_json(json_path, {"schema": "quantdiff.kv-plan-run", "model": model, "plans": plans}, indent=2, force=force)

@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-first", type=int, default=1, help="policy first: positions kept at 16 bits")
     parser.add_argument("--calibration-tokens", type=int, default=4096)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--report-only", action="store_true", help="rewrite report.md and summary.json of an existing --out from its runs")
     return parser.parse_args(argv)
 
 
@@ -166,9 +167,29 @@ def found_by_calibration(out: Path, model: dict) -> dict:
             "sink_kv_heads": sum(s > first["evidence"]["sink_epsilon"] for s in scores), "max_sink_mass": max(scores), "massive_positions": kept}
 
 
+DIFFERENT_KINDS = ("diff", "diffv2", "gated", "sink")
+
+
+def verdict(helped_by_kind: dict[str, list[str]]) -> str:
+    """The answer in one sentence, from which models protection helped beyond its interval."""
+    standard = [m for kind, models in helped_by_kind.items() if kind == "standard" for m in models]
+    others = [m for kind, models in helped_by_kind.items() if kind in DIFFERENT_KINDS for m in models]
+    if others:
+        return (f"**No**: sink protection still reduced the loss of {', '.join(others)} beyond its 95% interval, so a differential map, "
+                "a gate or a sink logit did not make it unnecessary here.")
+    if standard:
+        return (f"**Yes, on this evidence**: protection helped {', '.join(standard)} (standard attention) beyond its interval and none of "
+                "the differential, gated or sink-logit models; an interval that includes 0 is not proof of no effect.")
+    return ("**Not decided by this run**: no policy reduced any model's loss beyond its 95% interval, standard attention included, so the "
+            "run cannot tell whether the other architectures make protection unnecessary.")
+
+
 def answer(summary: dict) -> list[str]:
-    """The question's answer, mechanically: per model, at which bit widths some policy's gap to uniform excludes 0."""
+    """The question's answer, mechanically: per model, at which bit widths some policy's gap to uniform excludes 0;
+    then `verdict`."""
     lines = []
+    helped_by_kind: dict[str, list[str]] = {}
+    tested = sum(1 for g in summary["groups"] for r in g["rows"] for p in POLICIES if r[p]["gap"] is not None and r[p]["gap"]["low"] is not None)
     for group in summary["groups"]:
         for arm in dict.fromkeys(r["arm"] for r in group["rows"]):
             helped, hurt = [], []
@@ -180,9 +201,13 @@ def answer(summary: dict) -> list[str]:
                     if gap is not None and gap["low"] is not None and gap["low"] > 0:
                         hurt.append(f"{policy} at {row['bits']} bits ({fmt(gap)})")
             kind = next(r["kind"] for r in group["rows"] if r["arm"] == arm)
-            verdict = ("protection reduced the loss: " + "; ".join(helped)) if helped else "no policy reduced the loss by more than its interval"
-            lines.append(f"- **{arm}** ({kind}, task {group['task']}): {verdict}" + (f"; it increased it: {'; '.join(hurt)}" if hurt else "") + ".")
-    return lines
+            if helped:
+                helped_by_kind.setdefault(kind, []).append(f"{arm} ({group['task']})")
+            said = ("protection reduced the loss: " + "; ".join(helped)) if helped else "no policy reduced the loss by more than its interval"
+            lines.append(f"- **{arm}** ({kind}, task {group['task']}): {said}" + (f"; it increased it: {'; '.join(hurt)}" if hurt else "") + ".")
+    caveat = (f"These are {tested} uncorrected 95% intervals: about {0.05 * tested:.1f} would exclude 0 by chance alone if no policy did "
+              "anything. `first` and `massive` also spend more bits than uniform (the effective-bits column), `heads` exactly as many.")
+    return lines + ["", verdict(helped_by_kind), "", caveat]
 
 
 def write_report(out: Path) -> None:
@@ -202,6 +227,12 @@ def write_report(out: Path) -> None:
              f"({', '.join(f'{t}: {c}' for t, c in CALIBRATION.items())}), never the evaluated items; {manifest['setting']}.\n\n"]
     for group in summary["groups"]:
         parts.append(f"\n## Task {group['task']} ({group['metric']})\n\n")
+        seeds = sorted({f["seed"] for f in group["calibration"] if f["seed"] is not None})
+        if group["task"] == "bb":
+            parts.append(f"Seeds: {', '.join(map(str, seeds))} (paired by seed).\n\n" if seeds else
+                         "Seeds: the shipped arms only (`bb`: seed 0 of results/bb). The per-seed weights of results/bb (runs/bb/seed-*) are not in "
+                         "the repository, so the bb intervals are over blocks of items of one seed, not over seeds; "
+                         "`--bb runs/bb/seed-*/<arm>` runs all eight where they exist.\n\n")
         parts.append("What the calibration found (sink KV head: largest first-position mass of its query heads above ε = 0.3):\n\n")
         parts.append(md_table(["model", "kind", "sink KV heads", "largest mass", "positions the massive policy keeps"],
                               [[f["model"], f["kind"], f"{f['sink_kv_heads']} / {f['kv_heads']}", f"{f['max_sink_mass']:.2f}", str(f["massive_positions"]) or "none"]
@@ -224,6 +255,10 @@ def write_report(out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if args.report_only:
+        write_report(args.out)
+        print(f"report -> {args.out / 'report.md'}")
+        return 0
     from quantdiff import __version__
     from quantdiff.core.savedir import atomic_dir, check_target
 

@@ -111,12 +111,14 @@ def estimate(units: list[dict], key: str, against: str | None = None) -> dict | 
             return a["loss"], a["blocks"]
         return a["loss"] - b["loss"], [x - y for x, y in zip(a["blocks"], b["blocks"])]
 
+    from quantdiff.across_seeds.significance import paired_t_p
+
     values = [gap(u) for u in units]
     if not values or any(v is None for v in values):
         return None
-    if len(values) > 1:
-        return over_seeds([v[0] for v in values]).to_dict()
-    return over_blocks(values[0][0], values[0][1]).to_dict()
+    units_of = [v[0] for v in values] if len(values) > 1 else values[0][1]
+    out = over_seeds(units_of).to_dict() if len(values) > 1 else over_blocks(values[0][0], units_of).to_dict()
+    return {**out, "p": paired_t_p(units_of)}  # the t test belonging to the t interval
 
 
 def fmt(e: dict | None, scale: float = 100.0) -> str:
@@ -171,42 +173,43 @@ DIFFERENT_KINDS = ("diff", "diffv2", "gated", "sink")
 
 
 def verdict(helped_by_kind: dict[str, list[str]]) -> str:
-    """The answer in one sentence, from which models protection helped beyond its interval."""
+    """The answer in one sentence, from which models protection helped significantly."""
     standard = [m for kind, models in helped_by_kind.items() if kind == "standard" for m in models]
     others = [m for kind, models in helped_by_kind.items() if kind in DIFFERENT_KINDS for m in models]
     if others:
-        return (f"**No**: sink protection still reduced the loss of {', '.join(others)} beyond its 95% interval, so a differential map, "
+        return (f"**No**: sink protection still reduced the loss of {', '.join(others)} significantly, so a differential map, "
                 "a gate or a sink logit did not make it unnecessary here.")
     if standard:
-        return (f"**Yes, on this evidence**: protection helped {', '.join(standard)} (standard attention) beyond its interval and none of "
-                "the differential, gated or sink-logit models; an interval that includes 0 is not proof of no effect.")
-    return ("**Not decided by this run**: no policy reduced any model's loss beyond its 95% interval, standard attention included, so the "
+        return (f"**Yes, on this evidence**: protection helped {', '.join(standard)} (standard attention) significantly and none of "
+                "the differential, gated or sink-logit models; a gap that is not significant is not proof of no effect.")
+    return ("**Not decided by this run**: no policy reduced any model's loss significantly, standard attention included, so the "
             "run cannot tell whether the other architectures make protection unnecessary.")
 
 
 def answer(summary: dict) -> list[str]:
-    """The question's answer, mechanically: per model, at which bit widths some policy's gap to uniform excludes 0;
-    then `verdict`."""
-    lines = []
-    helped_by_kind: dict[str, list[str]] = {}
-    tested = sum(1 for g in summary["groups"] for r in g["rows"] for p in POLICIES if r[p]["gap"] is not None and r[p]["gap"]["low"] is not None)
+    """The question's answer: per model, the policy gaps to uniform whose paired t test survives Holm's correction
+    over every gap of the run (the family), then `verdict`."""
+    from quantdiff.across_seeds.significance import holm
+
+    family = [(g, r, p) for g in summary["groups"] for r in g["rows"] for p in POLICIES if r[p]["gap"] is not None and r[p]["gap"]["p"] is not None]
+    adjusted = dict(zip(((id(r), p) for _, r, p in family), holm([r[p]["gap"]["p"] for _, r, p in family])))
+    lines, helped_by_kind = [], {}
     for group in summary["groups"]:
         for arm in dict.fromkeys(r["arm"] for r in group["rows"]):
+            rows = [r for r in group["rows"] if r["arm"] == arm]
             helped, hurt = [], []
-            for row in (r for r in group["rows"] if r["arm"] == arm):
+            for row in rows:
                 for policy in POLICIES:
-                    gap = row[policy]["gap"]
-                    if gap is not None and gap["low"] is not None and gap["high"] < 0:
-                        helped.append(f"{policy} at {row['bits']} bits ({fmt(gap)})")
-                    if gap is not None and gap["low"] is not None and gap["low"] > 0:
-                        hurt.append(f"{policy} at {row['bits']} bits ({fmt(gap)})")
-            kind = next(r["kind"] for r in group["rows"] if r["arm"] == arm)
+                    gap, p = row[policy]["gap"], adjusted.get((id(row), policy))
+                    if p is not None and p < 0.05:
+                        (helped if gap["value"] < 0 else hurt).append(f"{policy} at {row['bits']} bits ({fmt(gap)}, Holm p {p:.3g})")
+            kind = rows[0]["kind"]
             if helped:
                 helped_by_kind.setdefault(kind, []).append(f"{arm} ({group['task']})")
-            said = ("protection reduced the loss: " + "; ".join(helped)) if helped else "no policy reduced the loss by more than its interval"
+            said = ("protection reduced the loss: " + "; ".join(helped)) if helped else "no policy changed the loss significantly"
             lines.append(f"- **{arm}** ({kind}, task {group['task']}): {said}" + (f"; it increased it: {'; '.join(hurt)}" if hurt else "") + ".")
-    caveat = (f"These are {tested} uncorrected 95% intervals: about {0.05 * tested:.1f} would exclude 0 by chance alone if no policy did "
-              "anything. `first` and `massive` also spend more bits than uniform (the effective-bits column), `heads` exactly as many.")
+    caveat = (f"Significance: the paired t test of each gap (over seeds, else over blocks of items), Holm-corrected over the run's {len(family)} "
+              "gaps. `first` and `massive` spend more bits than uniform (the effective-bits column), `heads` exactly as many.")
     return lines + ["", verdict(helped_by_kind), "", caveat]
 
 
@@ -246,8 +249,8 @@ def write_report(out: Path) -> None:
                 cols.append("—" if eff is None else f"{eff:.3f} · {fmt(r[p]['loss'])} · {fmt(r[p]['gap'])}")
             rows.append([r["arm"], r["kind"], str(r["bits"]), fmt(r["uniform_loss"]), *cols])
         parts.append("Loss and gap by bit width:\n\n" + md_table(header, rows) + "\n")
-    parts.append("\n## Does differential attention (or a gate, or a sink logit) make sink protection unnecessary?\n")
-    parts.append("Per model, whether any policy's gap to uniform has a 95% interval entirely below zero:\n\n")
+    parts.append("\n## Does differential attention (or a gate, or a sink logit) make sink protection unnecessary?\n\n")
+    parts.append("Per model, the policies whose gap to uniform is significant after correction for the run's many comparisons:\n\n")
     parts.append("\n".join(answer(summary)) + "\n")
     (out / "report.md").write_text("".join(parts))
 

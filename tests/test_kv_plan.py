@@ -201,6 +201,15 @@ def test_cli_kv_plan_then_eval_applies_it_and_refuses_another_shape(tmp_path, ca
     [cell] = json.loads(result.read_text())["cells"]
     assert cell["site"] == "kv" and cell["bits"] == 3 and cell["kv_plan"]["policy"] == "first"
     assert 3 < cell["kv_plan"]["effective_bits"] <= 3 + 13 / 2  # position 0 of each ≥2-token sequence at 16 bits
+    swept = tmp_path / "sweep.json"
+    main(["sweep", "bb/standard", "--task", "bb", "--site", "kv", "--bits", "3", "--kv-plan", str(out), "--limit", "8", "--json", str(swept), "--quiet"])
+    cells = json.loads(swept.read_text())["cells"]
+    assert [(c["bits"], "kv_plan" in c) for c in cells] == [(None, False), (3, False), (3, True)]
+    on_corpus = tmp_path / "corpus-plan.json"
+    on_corpus.write_text(json.dumps({**data, "evidence": {**data["evidence"], "calibration": {"source": "builtin:corpus"}}}))
+    with pytest.raises(SystemExit):
+        main(["eval", "bb/standard", "--task", "lm", "--kv-plan", str(on_corpus), "--limit", "2"])
+    assert "is the evaluation data of task lm" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "bb/diff", "--task", "bb", "--kv-plan", str(out), "--limit", "8", "--quiet"])
     assert exit_info.value.code == 1

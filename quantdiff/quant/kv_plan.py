@@ -17,9 +17,9 @@ Policies (`derive_plan`), each at a budget of b bits:
 - `uniform`: every head at b bits, nothing kept (the plain `kv` site);
 - `first`: the first N positions kept (the sink tokens: IntactKV's BOS, StreamingLLM's initial tokens), the rest
   at b bits;
-- `massive`: the positions that carried a massive activation (Sun et al. 2024's criterion, `stats.massive`) in at
-  least half of the calibration sequences holding them, kept; the rest at b bits. Located on calibration data,
-  never on evaluated items;
+- `massive`: the positions that carried a massive activation (Sun et al. 2024's criterion, `stats.massive`, on a
+  token standing out among tokens: `KVCalibration`) in at least half of the calibration sequences holding them,
+  kept; the rest at b bits. Located on calibration data, never on evaluated items;
 - `heads`: per-head bits at an average of exactly b: the sink heads (first-position attention mass above
   ε = 0.3, `stats.sinks`) with the highest mass at b + step, as many of the heads with the lowest mass at
   b − step, the others at b (budget-neutral reallocation, as vLLM issue 38930 and llama.cpp issue 21385 ask).
@@ -55,6 +55,7 @@ PLAN_VERSION = 1
 FULL_BITS = 16  # the cache's own precision: elements at 16 bits are not quantized
 POLICIES = ("uniform", "first", "massive", "heads")
 MASSIVE_SHARE = 0.5  # a position is kept when it carried a massive activation in at least this share of sequences
+TOKEN_RATIO = 10.0  # … and its largest |h| is this many times the layer's median over tokens of their largest |h|
 
 
 # ---- the plan -------------------------------------------------------------------------------------------------
@@ -269,7 +270,10 @@ def measured_bits(model: nn.Module) -> float | None:
 class KVCalibration:
     """What the statistics say on calibration data: the model's shape, the first-position attention mass per
     (layer, query head), and per position the share of calibration sequences in which it carried a massive
-    activation (at least one decoder layer's output above max(100, 1000 × that layer's median |h|): Sun et al.)."""
+    activation: in at least one decoder layer's output, an entry above max(100, 1000 × that layer's median |h|)
+    (Sun et al.'s criterion) and above TOKEN_RATIO × the layer's median over tokens of their largest |h|. The
+    second condition keeps what Sun et al. describe, a few tokens, apart from outlier channels that every token
+    carries (Gemma 3's hidden states pass the first condition at nearly every token)."""
 
     shape: dict
     sink_mass: list[list[float]]
@@ -303,11 +307,13 @@ def calibrate_kv(model: nn.Module, tokenizer, calibration, bos_id: int | None = 
             peaks.append([])
             collector.run(model, batch)
     medians = [collector.stats.hidden.pooled([l]).summary((0.5,))["median"] for l in range(collector.stats.layers)]
-    thresholds = torch.tensor([max(MIN_MAGNITUDE, MIN_RATIO * (m or 0.0)) for m in medians])
+    token_peaks = torch.cat([torch.stack(per_layer, dim=-1)[_real(batch)] for batch, per_layer in zip(batches, peaks)])  # (tokens, layers)
+    typical = token_peaks.median(dim=0).values
+    thresholds = torch.tensor([max(MIN_MAGNITUDE, MIN_RATIO * (m or 0.0), TOKEN_RATIO * float(t)) for m, t in zip(medians, typical)])
     seen = torch.zeros(seq_len, dtype=torch.long)
     flagged = torch.zeros(seq_len, dtype=torch.long)
     for batch, per_layer in zip(batches, peaks):
-        real = torch.ones_like(batch.input_ids, dtype=torch.bool) if batch.attention_mask is None else batch.attention_mask.bool()
+        real = _real(batch)
         above = (torch.stack(per_layer, dim=-1) > thresholds).any(dim=-1) & real  # (B, T)
         width = real.shape[1]
         seen[:width] += real.sum(dim=0)
@@ -317,6 +323,11 @@ def calibrate_kv(model: nn.Module, tokenizer, calibration, bos_id: int | None = 
     record = {**calibration.to_dict(), "tokens": sum(map(len, sequences)), "sequences": len(sequences), "seq_len": seq_len, "bos_id": bos_id,
               "layer_thresholds": thresholds.tolist()}
     return KVCalibration(model_shape(config), summary["per_head"], share, record)
+
+
+def _real(batch) -> torch.Tensor:
+    """(B, T) bool: the batch's real tokens (not padding)."""
+    return torch.ones_like(batch.input_ids, dtype=torch.bool) if batch.attention_mask is None else batch.attention_mask.bool()
 
 
 # ---- policies -----------------------------------------------------------------------------------------------

@@ -222,3 +222,34 @@ def test_cli_kv_plan_then_eval_applies_it_and_refuses_another_shape(tmp_path, ca
         main(["kv-plan", "bb/standard", "--calibration", "builtin:corpus", "--out", str(tmp_path / "c.json")])
     with pytest.raises(SystemExit):
         main(["eval", "bb/standard", "--task", "bb", "--kv-plan", str(out), "--bits", "4"])
+
+
+def test_calibration_locates_a_planted_massive_activation_and_the_sink_heads(models, tmp_path):
+    """A hook adds 10⁴ to one channel of layer 0's output at position 2 of every sequence: only position 2 carries a
+    massive activation. The sink masses are the statistics engine's own (`collect`), on the same sequences."""
+    from quantdiff.data.sources import load_sequences, make_batches
+    from quantdiff.models.structure import decoder_layers
+    from quantdiff.quant.kv_plan import calibrate_kv
+    from quantdiff.quant.smoothing import Calibration
+    from quantdiff.stats.collect import collect
+
+    model = models["standard"]
+    loading.prepare(model, tile_size=4)
+    data = tmp_path / "calibration.jsonl"
+    rows = torch.randint(0, PRESET.vocab_size, (6, 12), generator=torch.Generator().manual_seed(5)).tolist()
+    data.write_text("".join(json.dumps({"input_ids": row}) + "\n" for row in rows))
+
+    def plant(_module, _args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        hidden[:, 2, 3] += 1e4
+
+    handle = decoder_layers(model)[0][1].register_forward_hook(plant)
+    try:
+        calibrated = calibrate_kv(model, None, Calibration(str(data), tokens=72, seq_len=12))
+        batches = make_batches(load_sequences(str(data), None, 72, 12, PRESET.vocab_size), 4)
+        sink_mass = collect(model, batches, k=1).stats.sinks.summary()["per_head"]
+    finally:
+        handle.remove()
+    assert calibrated.massive_share == {2: 1.0}
+    assert derive_plan(calibrated, "massive", 4).layers[1].keep_positions == (2,)
+    assert calibrated.sink_mass == sink_mass

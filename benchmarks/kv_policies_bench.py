@@ -4,7 +4,9 @@ A whole model forward (SmolLM2 by default, or a small synthetic pair with --synt
 fake-quantized: the plain `kv` site (KIVI, one width), a uniform plan (the same quantization through the plan's
 quantizer), `first` (IntactKV: position 0 kept), `massive` (positions 0 and 1 kept, as a calibrated plan would)
 and `heads` (half the KV heads at bits + 1, half at bits − 1), all at 4 bits, plus the unquantized forward. The
-contenders alternate over rounds (medians of medians); ms per token and the ratio to the plain `kv` site.
+contenders alternate over rounds (medians of medians); ms per token and the ratio to the plain `kv` site. Then the
+cache quantizers alone (keys and values of every layer, the model's cache shape), where the policies' own cost is
+not diluted by the rest of the forward. `--quantizers-only` skips the whole forwards.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/kv_policies_bench.py --batch 1 --seq 256
 """
@@ -52,6 +54,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quantizers-only", action="store_true")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     from quantdiff.quant.sites import quantized
@@ -77,14 +80,42 @@ def main() -> None:
         return run
 
     configs = contenders(model)
-    times = interleaved({label: forward(config) for label, config in configs.items()}, torch.device("cpu"), args.repeats, args.rounds)
     tokens = args.batch * args.seq
-    base = times["kv site"]
     print(f"{name}, {args.batch} × {args.seq} tokens, {BITS}-bit KV, {torch.get_num_threads()} threads; medians over {args.rounds} rounds of {args.repeats}")
-    print("| contender | ms / forward | ms / token | ÷ kv site |")
-    print("|---|---|---|---|")
+    if not args.quantizers_only:
+        table("whole forward", interleaved({label: forward(config) for label, config in configs.items()}, torch.device("cpu"), args.repeats, args.rounds), tokens)
+    table("cache quantizers alone", interleaved(quantizer_runs(model, configs, args.batch, args.seq), torch.device("cpu"), args.repeats * 10, args.rounds), tokens)
+
+
+def quantizer_runs(model, configs: dict, batch: int, seq: int) -> dict:
+    """Per contender with a quantizer: keys then values of every layer through that contender's quantizers, on
+    random tensors of the model's cache shape (B, Hkv, S, head width)."""
+    from quantdiff.quant.kv_plan import model_shape, plan_quantizers
+    from quantdiff.quant.sites import KVQuantizer
+
+    shape = model_shape(model.config)
+    g = torch.Generator().manual_seed(0)
+    cache = [(torch.randn(batch, kv, seq, shape["head_dim"], generator=g), torch.randn(batch, kv, seq, shape["head_dim"], generator=g)) for kv in shape["kv_heads"]]
+    runs = {}
+    for label, config in configs.items():
+        if config is None:
+            continue
+        plan = config.site.plan
+        quantizers = [KVQuantizer(BITS)] * len(cache) if plan is None else plan_quantizers(model, plan)
+
+        def run(quantizers=quantizers) -> None:
+            for quantizer, (key, value) in zip(quantizers, cache):
+                quantizer.keys(key, None)
+                quantizer.values(value)
+        runs[label] = run
+    return runs
+
+
+def table(title: str, times: dict[str, float], tokens: int) -> None:
+    base = times["kv site"]
+    print(f"\n{title}\n\n| contender | ms | ms / token | ÷ kv site |\n|---|---|---|---|")
     for label, seconds in times.items():
-        print(f"| {label} | {seconds * 1e3:.1f} | {seconds * 1e3 / tokens:.3f} | {seconds / base:.2f}× |")
+        print(f"| {label} | {seconds * 1e3:.2f} | {seconds * 1e3 / tokens:.4f} | {seconds / base:.2f}× |")
 
 
 if __name__ == "__main__":

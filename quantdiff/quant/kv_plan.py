@@ -204,7 +204,10 @@ class PlanKVQuantizer:
         if heads != len(self.bits):
             raise ConfigError(f"kv plan: attention reads {what} of {heads} KV heads, the plan gives bits for {len(self.bits)}")
 
-    def _kept_positions(self, length: int, device: torch.device) -> torch.Tensor:
+    def _kept_positions(self, length: int, device: torch.device) -> torch.Tensor | None:
+        """(1, 1, S, 1) bool: the kept positions among the first `length`; None when the plan keeps none."""
+        if not self.keep.numel():
+            return None
         positions = torch.arange(length, device=device)
         return torch.isin(positions, self.keep.to(device)).view(1, 1, length, 1)
 
@@ -213,14 +216,15 @@ class PlanKVQuantizer:
         batch, heads, length, _ = key.shape
         self._check_heads(heads, "keys")
         kept = self._kept_positions(length, key.device)
-        quantized = kept.logical_not() if valid is None else valid & ~kept
+        quantized = valid if kept is None else kept.logical_not() if valid is None else valid & ~kept
         out = _by_bits(key, self.bits, lambda x, b: fake_quantize_with_absmax(x, absmax(x, PerColumn(), mask=quantized, batch_dims=2), b))
         held = torch.ones(batch, length, dtype=torch.bool, device=key.device) if valid is None else valid.view(batch, length)
-        rows, rows_kept = int(held.sum()), int((held & kept.view(1, length)).sum())
+        rows = int(held.sum())
+        rows_kept = 0 if kept is None else int((held & kept.view(1, length)).sum())
         self.bit_sum += float(sum(rows_kept * FULL_BITS + (rows - rows_kept) * b for b in self.bits))
         self.position_heads += rows * heads
         self._kept, self._value_calls = kept, 0
-        return torch.where(kept, key, out)
+        return out if kept is None else torch.where(kept, key, out)
 
     def values(self, value: torch.Tensor) -> torch.Tensor:
         """value (B, Hkv, S, Dv); for DiffLlama one half of the cache heads, repeated twice, per call."""
@@ -233,7 +237,7 @@ class PlanKVQuantizer:
             self._value_calls += 1
         kept = self._kept if self._kept is not None and self._kept.shape[2] == length else self._kept_positions(length, value.device)
         out = _by_bits(value, bits, lambda x, b: fake_quantize_with_absmax(x, absmax(x, PerRow()), b))
-        return torch.where(kept, value, out)
+        return out if kept is None else torch.where(kept, value, out)
 
 
 def _by_bits(x: torch.Tensor, bits: tuple[int, ...], quantize) -> torch.Tensor:

@@ -95,7 +95,10 @@ def losses(cells: list, metric: str) -> dict[tuple[str, int], dict]:
         variant = "uniform" if cell.kv_plan is None else cell.kv_plan["policy"]
         blocks = [r[metric] - q[metric] for r, q in zip(reference.blocks, cell.blocks)] if cell.valid else None
         eff = float(cell.bits) if cell.kv_plan is None else cell.kv_plan["effective_bits"]
-        out[(variant, cell.bits)] = {"loss": None if not cell.valid else reference.metrics[metric] - cell.metrics[metric], "blocks": blocks, "effective_bits": eff}
+        # a plan that keeps nothing and moves no bits is the uniform quantization itself: no comparison to make
+        identical = cell.kv_plan is not None and not cell.kv_plan["keep_positions"] and list(cell.kv_plan["head_bits"]) == [str(cell.bits)]
+        out[(variant, cell.bits)] = {"loss": None if not cell.valid else reference.metrics[metric] - cell.metrics[metric], "blocks": blocks,
+                                     "effective_bits": eff, "identical": identical}
     return out
 
 
@@ -151,7 +154,8 @@ def summarize(out: Path, manifest: dict) -> dict:
                     key = f"{policy}@{bits}"
                     effs = [u[key]["effective_bits"] for u in arm["units"] if key in u and u[key]["effective_bits"] is not None]
                     row[policy] = {"loss": estimate(arm["units"], key), "gap": estimate(arm["units"], key, uniform),
-                                   "effective_bits": statistics.fmean(effs) if effs else None}
+                                   "effective_bits": statistics.fmean(effs) if effs else None,
+                                   "identical": bool(effs) and all(u[key]["identical"] for u in arm["units"])}
                 rows.append(row)
         found = [found_by_calibration(out, model) for model in group["models"]]
         summary["groups"].append({"name": group["name"], "task": group["task"], "metric": metric, "rows": rows, "calibration": found})
@@ -176,9 +180,12 @@ def verdict(helped_by_kind: dict[str, list[str]]) -> str:
     """The answer in one sentence, from which models protection helped significantly."""
     standard = [m for kind, models in helped_by_kind.items() if kind == "standard" for m in models]
     others = [m for kind, models in helped_by_kind.items() if kind in DIFFERENT_KINDS for m in models]
+    if others and standard:
+        return (f"**No**: sink protection reduced the loss of {', '.join(others)} significantly, as it did for {', '.join(standard)} (standard "
+                "attention): a differential map, a gate or a sink logit did not make it unnecessary here.")
     if others:
-        return (f"**No**: sink protection still reduced the loss of {', '.join(others)} significantly, so a differential map, "
-                "a gate or a sink logit did not make it unnecessary here.")
+        return (f"**No, and not in the expected direction**: sink protection reduced the loss of {', '.join(others)} significantly, and of no "
+                "standard-attention model after correction: a differential map, a gate or a sink logit did not make it unnecessary here.")
     if standard:
         return (f"**Yes, on this evidence**: protection helped {', '.join(standard)} (standard attention) significantly and none of "
                 "the differential, gated or sink-logit models; a gap that is not significant is not proof of no effect.")
@@ -191,7 +198,8 @@ def answer(summary: dict) -> list[str]:
     over every gap of the run (the family), then `verdict`."""
     from quantdiff.across_seeds.significance import holm
 
-    family = [(g, r, p) for g in summary["groups"] for r in g["rows"] for p in POLICIES if r[p]["gap"] is not None and r[p]["gap"]["p"] is not None]
+    family = [(g, r, p) for g in summary["groups"] for r in g["rows"] for p in POLICIES
+              if r[p]["gap"] is not None and r[p]["gap"]["p"] is not None and not r[p]["identical"]]
     adjusted = dict(zip(((id(r), p) for _, r, p in family), holm([r[p]["gap"]["p"] for _, r, p in family])))
     lines, helped_by_kind = [], {}
     for group in summary["groups"]:
@@ -206,10 +214,11 @@ def answer(summary: dict) -> list[str]:
             kind = rows[0]["kind"]
             if helped:
                 helped_by_kind.setdefault(kind, []).append(f"{arm} ({group['task']})")
-            said = ("protection reduced the loss: " + "; ".join(helped)) if helped else "no policy changed the loss significantly"
+            said = ("protection reduced the loss: " + "; ".join(helped)) if helped else "no policy reduced the loss significantly"
             lines.append(f"- **{arm}** ({kind}, task {group['task']}): {said}" + (f"; it increased it: {'; '.join(hurt)}" if hurt else "") + ".")
     caveat = (f"Significance: the paired t test of each gap (over seeds, else over blocks of items), Holm-corrected over the run's {len(family)} "
-              "gaps. `first` and `massive` spend more bits than uniform (the effective-bits column), `heads` exactly as many.")
+              "gaps (plans identical to uniform, marked `= uniform` in the tables, are no comparison and left out). `first` and `massive` "
+              "buy their gains with more bits than uniform (the effective-bits column: (16 − b) · kept / length more), `heads` with exactly as many.")
     return lines + ["", verdict(helped_by_kind), "", caveat]
 
 
@@ -246,7 +255,7 @@ def write_report(out: Path) -> None:
             cols = []
             for p in POLICIES:
                 eff = r[p]["effective_bits"]
-                cols.append("—" if eff is None else f"{eff:.3f} · {fmt(r[p]['loss'])} · {fmt(r[p]['gap'])}")
+                cols.append("—" if eff is None else "= uniform" if r[p]["identical"] else f"{eff:.3f} · {fmt(r[p]['loss'])} · {fmt(r[p]['gap'])}")
             rows.append([r["arm"], r["kind"], str(r["bits"]), fmt(r["uniform_loss"]), *cols])
         parts.append("Loss and gap by bit width:\n\n" + md_table(header, rows) + "\n")
     parts.append("\n## Does differential attention (or a gate, or a sink logit) make sink protection unnecessary?\n\n")

@@ -236,7 +236,8 @@ def write_report(out: Path) -> None:
              "evaluation (batch means; blocks paired between cells). Effective bits: measured average bits per cached element, kept "
              "positions counted at 16 (scales not counted). `heads` at 2 bits does not exist (it would need 1-bit heads).\n\n",
              f"Settings: blocks {manifest['blocks']}, keep-first {manifest['keep_first']}, calibration {manifest['calibration_tokens']} tokens "
-             f"({', '.join(f'{t}: {c}' for t, c in CALIBRATION.items())}), never the evaluated items; {manifest['setting']}.\n\n"]
+             f"({', '.join(f'{t}: {c}' for t, c in CALIBRATION.items())}), never the evaluated items; {manifest['setting']}. "
+             f"Run as `OMP_WAIT_POLICY=PASSIVE {manifest['command']}` in {manifest['wall_s'] / 60:.0f} min on {manifest['machine']}.\n\n"]
     for group in summary["groups"]:
         parts.append(f"\n## Task {group['task']} ({group['metric']})\n\n")
         seeds = sorted({f["seed"] for f in group["calibration"] if f["seed"] is not None})
@@ -261,6 +262,13 @@ def write_report(out: Path) -> None:
     parts.append("\n## Does differential attention (or a gate, or a sink logit) make sink protection unnecessary?\n\n")
     parts.append("Per model, the policies whose gap to uniform is significant after correction for the run's many comparisons:\n\n")
     parts.append("\n".join(answer(summary)) + "\n")
+    parts.append("\n## Limits\n\n"
+                 "- `massive` is a position rule: positions that carried a massive activation in at least half of the calibration sequences. "
+                 "Massive activations that follow content (a delimiter token wherever it falls) do not pass it; a rule by token identity "
+                 "(PrefixQuant's outlier tokens) would need the token ids at the cache, which the kv site does not see.\n"
+                 "- The bb arms are the shipped seed-0 models unless per-seed directories are given; their intervals are then over blocks of "
+                 "items, which measure the evaluation's sampling error, not the training run's.\n"
+                 "- Scales are not counted in the effective bits; a kept position also needs no scale, which this accounting ignores.\n")
     (out / "report.md").write_text("".join(parts))
 
 
@@ -287,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         for group in groups:
             for model in group["models"]:
                 run_model(model, group, tmp, args, runs)
-        setting = f"lm: {args.lm_limit} windows of 256 tokens per cell; bb: {args.bb_limit} sequences per cell"
-        manifest = {"quantdiff_version": __version__, "blocks": args.blocks, "bits": args.bits, "keep_first": args.keep_first,
+        setting = f"lm: {args.lm_limit} windows of 256 tokens per cell (script default 32); bb: {args.bb_limit} sequences per cell"
+        manifest = {"quantdiff_version": __version__, "command": "python scripts/kv_sinks.py " + shlex.join(sys.argv[1:] if argv is None else argv), "blocks": args.blocks, "bits": args.bits, "keep_first": args.keep_first,
                     "calibration_tokens": args.calibration_tokens, "setting": setting, "groups": groups, "runs": runs,
                     "wall_s": time.perf_counter() - start, "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

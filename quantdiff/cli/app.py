@@ -85,6 +85,7 @@ COMMANDS = [
     ("sweep", "sweep", "sweep"),
     ("eval", "sweep", "evaluate"),
     ("quantize", "quantize", "quantize"),
+    ("kv-plan", "kv_plan", "kv_plan"),
     ("train", "train", "train"),
     ("reproduce", "reproduce", "reproduce"),
     ("info", "info", "info"),

@@ -37,7 +37,6 @@ def make_transform(
 ):
     """The transform the options ask for (None: neither); ConfigError for a mix, an unused option, or calibration
     data that is the evaluation data (`task`, `data`: the command's evaluation, None when it evaluates nothing)."""
-    from quantdiff.data.sources import BUILTIN_CORPUS, BUILTIN_CORPUS_TRAIN, BUILTINS, check_data_file
     from quantdiff.quant.smoothing import DEFAULT_CALIBRATION_TOKENS, Calibration
     from quantdiff.quant.transforms import Smoothing, parse_rotation
 
@@ -47,16 +46,55 @@ def make_transform(
         refuse_unused("without --smooth", calibration=calibration, calibration_tokens=calibration_tokens)
         return parse_rotation(rotate)
     source = default_calibration(task) if calibration is None else calibration  # an empty one is refused below, as --data is
-    if source not in BUILTINS:
-        check_data_file(source, "--calibration")
-    if source == BUILTIN_CORPUS and task in TEXT_TASKS_ON_HELD_OUT and data is None:
-        raise ConfigError(f"--calibration {source} is the evaluation data of task {task}: calibrate on {BUILTIN_CORPUS_TRAIN} or a file")
-    if data is not None and source not in BUILTINS and Path(source).resolve() == Path(data).resolve():
-        raise ConfigError("--calibration names the evaluation data (--data): calibrate on other data")
+    check_calibration_source(source, task, data)
     tokens = DEFAULT_CALIBRATION_TOKENS if calibration_tokens is None else calibration_tokens
     if tokens < 1:
         raise ConfigError(f"--calibration-tokens must be positive, got {tokens}")
     return Smoothing(Calibration(source, tokens), smooth)
+
+
+def check_calibration_source(source: str, task: str | None, data: str | Path | None, flag: str = "--calibration", exists: bool = True) -> None:
+    """ConfigError when calibration data `source` is missing (unless not `exists`: a record of data already used)
+    or is what the command evaluates (`task`, `data`; None when it evaluates nothing)."""
+    from quantdiff.data.sources import BUILTIN_CORPUS, BUILTIN_CORPUS_TRAIN, BUILTINS, check_data_file
+
+    if exists and source not in BUILTINS:
+        check_data_file(source, flag)
+    if source == BUILTIN_CORPUS and task in TEXT_TASKS_ON_HELD_OUT and data is None:
+        raise ConfigError(f"{flag} {source} is the evaluation data of task {task}: calibrate on {BUILTIN_CORPUS_TRAIN} or a file")
+    if data is not None and source not in BUILTINS and Path(source).resolve() == Path(data).resolve():
+        raise ConfigError(f"{flag} names the evaluation data (--data): calibrate on other data")
+
+
+KVPlanOpt = Annotated[Optional[list[Path]], typer.Option("--kv-plan", help="Apply a KV-cache precision plan (a `quantdiff kv-plan` file: bits per layer and KV head, positions kept at 16 bits) at site kv; repeat for several (sweep). Refused for a model of another shape, or when its calibration data is the evaluation data.")]
+
+
+def load_kv_plans(paths: list[Path] | None, task: str | None, data: str | Path | None) -> list:
+    """Each --kv-plan file as a site-kv configuration at its budget; ConfigError in one line for a bad file or a
+    plan calibrated on the evaluation data."""
+    from quantdiff.quant.kv_plan import KVPlan
+    from quantdiff.quant.sites import AbsmaxMethod, KVSite, QuantConfig
+
+    configs = []
+    for path in paths or []:
+        plan = KVPlan.load(path)
+        source = plan.evidence.get("calibration", {}).get("source")
+        if source is not None:
+            check_calibration_source(source, task, data, flag=f"--kv-plan {path}: its calibration", exists=False)
+        configs.append(QuantConfig(AbsmaxMethod(plan.budget_bits), KVSite(plan)))
+    return configs
+
+
+def check_kv_plans(configs: list, specs: list[tuple[str, Path]], trust_remote_code: bool = False) -> None:
+    """Every kv plan against every model's config, before any weights load (one line for a mismatch)."""
+    from quantdiff.models.loading import load_config
+    from quantdiff.quant.kv_plan import check_plan_fits
+
+    for name, path in specs if any(getattr(c.site, "plan", None) is not None for c in configs) else []:
+        config = load_config(path, trust_remote_code)
+        for c in configs:
+            if getattr(c.site, "plan", None) is not None:
+                check_plan_fits(c.site.plan, config, name)
 
 
 def calibration_file(transform) -> list[Path]:

@@ -18,7 +18,8 @@ from torch import nn
 from quantdiff.core.errors import ConfigError
 from quantdiff.quant.numerics import check_bits
 from quantdiff.quant.registry import method_name, site_name
-from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets, parse_config, quantized
+from quantdiff.quant.kv_plan import KVPlan, measured_bits
+from quantdiff.quant.sites import KVSite, LinearSite, QuantConfig, linear_targets, parse_config, quantized
 from quantdiff.quant.transforms import Transform, transform_record
 from quantdiff.eval.scoring import counting_scored_logits
 from quantdiff.eval.tasks.registry import Task
@@ -39,6 +40,7 @@ class Cell:
     group_size: int | None = None  # absmax weights in groups of this many inputs (linear site); None: per channel
     transform: dict | None = None  # the linear site's rotation or smoothing, as `transforms.transform_record` gives it
     blocks: list[dict] | None = None  # metrics of each block of items, when evaluated by blocks
+    kv_plan: dict | None = None  # a kv plan's policy, budget and the effective bits it measured (`quant.kv_plan`)
 
     @property
     def is_reference(self) -> bool:
@@ -49,7 +51,7 @@ class Cell:
         return self.nonfinite_logits == 0
 
     def to_dict(self) -> dict[str, Any]:
-        optional = {k: v for k, v in (("group_size", self.group_size), ("transform", self.transform)) if v is not None}
+        optional = {k: v for k, v in (("group_size", self.group_size), ("transform", self.transform), ("kv_plan", self.kv_plan)) if v is not None}
         blocks = {} if self.blocks is None else {"blocks": self.blocks}
         return {"model": self.model, "task": self.task, "method": self.method, "bits": self.bits, "site": self.site,
                 **optional, **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits, **blocks}
@@ -110,14 +112,20 @@ def transform_tag(transform: dict | None) -> str:
     return f" +{transform['name']}" + (f" α={transform['alpha']:g}" if "alpha" in transform else "")
 
 
-def label(method: str | None, bits: int | None, site: str | None, group_size: int | None = None, transform: dict | None = None) -> str:
+def label(method: str | None, bits: int | None, site: str | None, group_size: int | None = None, transform: dict | None = None,
+          kv_plan: dict | None = None) -> str:
     if method is None:
         return REFERENCE
-    return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'}{transform_tag(transform)} @{site}"
+    plan = "" if kv_plan is None else f" plan:{kv_plan['policy']}"
+    return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'}{transform_tag(transform)} @{site}{plan}"
+
+
+def kv_plan_of(config: QuantConfig | None) -> KVPlan | None:
+    return None if config is None or not isinstance(config.site, KVSite) else config.site.plan
 
 
 def cell_label(cell: Cell) -> str:
-    return label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform)
+    return label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform, cell.kv_plan)
 
 
 CellProgress = Callable[[str, int], Callable[[float], None]]  # (label, total units) -> advance(n)
@@ -160,13 +168,17 @@ def run_cell(
     JSON), since an argmax over NaN picks a token anyway and would pass for an accuracy."""
     transform = transform_of(config)
     record = None if transform is None else transform_record(transform, model, [m for _, m in linear_targets(model, config.site, allow_partial)])
-    advance = progress(f"{name} · {label(*describe(config), group_size_of(config), record)}", len(prepared)) if progress is not None else None
+    plan = kv_plan_of(config)
+    plan_record = None if plan is None else plan.record()
+    advance = progress(f"{name} · {label(*describe(config), group_size_of(config), record, plan_record)}", len(prepared)) if progress is not None else None
     with quantized(model, config, allow_partial), counting_scored_logits() as scored:
         metrics, per_block = _evaluate(model, task, prepared, advance, blocks)
+        if plan_record is not None:
+            plan_record["effective_bits"] = measured_bits(model)
     if scored.nonfinite:
         metrics.update(dict.fromkeys(task.metrics))
         per_block = None
-    return Cell(name, task.name, *describe(config), metrics, scored.nonfinite, group_size_of(config), record, per_block)
+    return Cell(name, task.name, *describe(config), metrics, scored.nonfinite, group_size_of(config), record, per_block, plan_record)
 
 
 def run_model_cells(
@@ -210,7 +222,7 @@ def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None 
 
 
 def cells_from_json(data: dict[str, Any]) -> list[Cell]:
-    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks")
+    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks", "kv_plan")
     return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0), d.get("group_size"),
-                 d.get("transform"), d.get("blocks"))
+                 d.get("transform"), d.get("blocks"), d.get("kv_plan"))
             for d in data["cells"]]

@@ -33,6 +33,7 @@ from quantdiff.quant.numerics import (
     outlier_features,
     vectorwise_quantize,
 )
+from quantdiff.quant.kv_plan import KVPlan, plan_quantizers
 from quantdiff.quant.registry import granularity_name, method_name, parse_bit_width, site_name
 from quantdiff.quant.registry import granularity as _granularity
 from quantdiff.quant.transforms import Transform, apply_transform, transform_from_dict
@@ -113,7 +114,11 @@ class KVSite:
     """The keys and values attention reads, after RoPE, as a KV cache holds them (KIVI, Liu et al. 2024, §3):
     keys per channel (one scale per sequence, KV head and channel, over the sequence's tokens), values per token
     (one scale per sequence, KV head and token, over the head's channels). Absmax only, at any 2–16 bits; KIVI's
-    token groups and full-precision window of recent tokens are left out: one scale spans the whole sequence."""
+    token groups and full-precision window of recent tokens are left out: one scale spans the whole sequence.
+    `plan`: per-layer, per-KV-head bits and positions kept at 16 bits (`quant.kv_plan`); the method's bits are
+    then the plan's budget."""
+
+    plan: KVPlan | None = None
 
 
 Site = LogitsSite | QKSite | LinearSite | KVSite
@@ -151,6 +156,8 @@ def _site_to_dict(site: Site) -> dict:
             raise ConfigError("a linear site with a custom module filter cannot be serialised")
         transform = {} if site.transform is None else {"transform": site.transform.to_dict()}
         return {"name": "linear", "include_lm_head": site.include_lm_head, "weights": site.weights, "inputs": site.inputs, **transform}
+    if isinstance(site, KVSite) and site.plan is not None:
+        return {"name": "kv", "plan": site.plan.to_dict()}
     return {"name": next(name for name, site_type in SITE_TYPES.items() if isinstance(site, site_type))}
 
 
@@ -174,6 +181,8 @@ def _site_from_dict(data: object) -> Site:
     name = site_name(fields.pop("name", None))
     if name == "linear" and fields.get("transform") is not None:
         fields["transform"] = transform_from_dict(fields["transform"])
+    if name == "kv" and fields.get("plan") is not None:
+        fields["plan"] = KVPlan.from_dict(fields["plan"])
     try:
         return SITE_TYPES[name](**fields)
     except TypeError as exc:
@@ -327,6 +336,8 @@ def check_supported(config: QuantConfig) -> None:
             raise ConfigError("site kv is KIVI's absmax (keys per channel, values per token); llm-int8 is not defined there")
         if config.method.granularity != PerTensor():
             raise ConfigError("site kv fixes its granularity (keys per channel, values per token): leave the granularity at its default")
+        if config.site.plan is not None and config.method.bits != config.site.plan.budget_bits:
+            raise ConfigError(f"a kv plan at a budget of {config.site.plan.budget_bits} bits needs a method at {config.site.plan.budget_bits} bits, not {config.method.bits}")
 
 
 def _set_on_taps(model: nn.Module, name: str, value: object, undo: list[Undo]) -> None:
@@ -362,7 +373,14 @@ def _apply_qk(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
 
 @register_site(KVSite)
 def _apply_kv(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
-    _set_on_taps(model, "kv_quantizer", KVQuantizer(config.method.bits), undo)
+    if config.site.plan is None:
+        _set_on_taps(model, "kv_quantizer", KVQuantizer(config.method.bits), undo)
+        return
+    for tap, quantizer in zip(_model_taps(model), plan_quantizers(model, config.site.plan)):
+        if tap.kv_quantizer is not None:
+            raise ConfigError(f"layer {tap.layer_idx} already has a kv quantizer: remove it first")
+        tap.kv_quantizer = quantizer
+        undo.append(lambda tap=tap: setattr(tap, "kv_quantizer", None))
 
 
 def decoder_layer_prefixes(model: nn.Module) -> list[str]:

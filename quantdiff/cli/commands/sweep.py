@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from quantdiff.cli.options import MODELS_HELP, BosOpt, DeviceOpt, FileForceOpt, JsonOpt, PartialOpt, QuietOpt, RemoteOpt
-from quantdiff.cli.transform_options import CalibrationOpt, CalibrationTokensOpt, RotateOpt, SmoothOpt
+from quantdiff.cli.transform_options import CalibrationOpt, CalibrationTokensOpt, KVPlanOpt, RotateOpt, SmoothOpt
 
 TASK_HELP = "Task: choice (HellaSwag-format multiple choice), lm (held-out loss/accuracy), retrieval (multi-needle), bb (Bigram-Backcopy accuracy; models trained on it)."
 DATA_HELP = "Task data: a HellaSwag JSONL file (choice), a text file (lm; retrieval filler). Default: the corpus' held-out text."
@@ -36,6 +36,7 @@ def sweep(
     smooth: SmoothOpt = None,
     calibration: CalibrationOpt = None,
     calibration_tokens: CalibrationTokensOpt = None,
+    kv_plan: KVPlanOpt = None,
     blocks: Annotated[Optional[int], typer.Option("--blocks", help="Also evaluate every cell in N contiguous blocks of the items and record each block's metrics in the JSON (intervals by batch means); the cell's metrics pool them exactly. Tasks lm and bb.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the Figure-8-style chart (PNG, PDF or SVG).")] = None,
     json_path: JsonOpt = None,
@@ -60,7 +61,7 @@ def sweep(
     from quantdiff.report.console import line_console
 
     from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
-    from quantdiff.cli.transform_options import calibration_file, make_transform
+    from quantdiff.cli.transform_options import calibration_file, check_kv_plans, load_kv_plans, make_transform
     from quantdiff.cli.validate import check_group_option, check_list
     from quantdiff.core.device import resolve_device
     from quantdiff.core.errors import ConfigError
@@ -79,13 +80,15 @@ def sweep(
     target = resolve_device(device, "--device")
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
     plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size, transform)
+    plan.configs.extend(load_kv_plans(kv_plan, task, data))
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     if blocks is not None and (blocks < 2 or not hasattr(the_task, "pool")):
         raise ConfigError(f"--blocks must be at least 2, with task lm or bb (got {blocks}, task {task})")
     check_mode(bos)
     specs = resolve_models(models)
-    check_outputs({"--json": json_path, "--plot": plot}, model_inputs(models, [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform))
+    check_outputs({"--json": json_path, "--plot": plot}, model_inputs(models, [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform) + (kv_plan or []))
+    check_kv_plans(plan.configs, specs, trust_remote_code)
     check_output(json_path, None, force, "--json")
     check_output(plot, (".png", ".pdf", ".svg"), force, "--plot")
     notes = line_console(stderr=True)
@@ -114,6 +117,7 @@ def evaluate(
     smooth: SmoothOpt = None,
     calibration: CalibrationOpt = None,
     calibration_tokens: CalibrationTokensOpt = None,
+    kv_plan: KVPlanOpt = None,
     json_path: JsonOpt = None,
     data: DataOpt = None,
     limit: LimitOpt = None,
@@ -134,7 +138,7 @@ def evaluate(
     One cell of the sweep: the task's metrics for MODEL, unquantized, or with --bits (and --method, --site)."""
     from quantdiff.cli.output import check_json
     from quantdiff.cli.task_options import check_limit, make_cli_task
-    from quantdiff.cli.transform_options import calibration_file, make_transform
+    from quantdiff.cli.transform_options import calibration_file, check_kv_plans, load_kv_plans, make_transform
     from quantdiff.cli.validate import check_group_option
     from quantdiff.core.device import resolve_device
     from quantdiff.core.errors import ConfigError
@@ -147,18 +151,21 @@ def evaluate(
 
     if bits is None and (method is not None or site is not None or group_size is not None or rotate is not None or smooth is not None):
         raise ConfigError("--method, --site, --group-size, --rotate and --smooth choose how to quantize: give --bits too")
+    if kv_plan and (bits is not None or method is not None or site is not None or len(kv_plan) > 1):
+        raise ConfigError("--kv-plan is one quantization of its own (site kv, its budget sets the bits): give one plan, without --bits, --method or --site")
     check_group_option(group_size, [site or "logits"])
     target = resolve_device(device, "--device")
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
-    configs = [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", group_size=group_size, transform=transform)]
+    configs = load_kv_plans(kv_plan, task, data) if kv_plan else [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", group_size=group_size, transform=transform)]
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     check_mode(bos)
     specs = resolve_models([model])
-    check_json(json_path, model_inputs([model], [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform), force)
+    check_kv_plans(configs, specs, trust_remote_code)
+    check_json(json_path, model_inputs([model], [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform) + (kv_plan or []), force)
     prepared = prepare_models(specs, the_task, limit, bos, target, trust_remote_code)
     cells = run_prepared(
-        prepared, the_task, configs, target, quiet or str(json_path) == "-", include_reference=bits is None,
+        prepared, the_task, configs, target, quiet or str(json_path) == "-", include_reference=not configs,
         allow_partial=allow_partial, trust_remote_code=trust_remote_code,
     )
     report(cells, the_task, json_path, quiet, model_sources(specs), {m.name: m.bos for m in prepared}, force)

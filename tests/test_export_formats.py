@@ -3,6 +3,7 @@ and transformers' loader) and GGUF (checked against naive Q8_0/Q4_0 from ggml's 
 package's reader and dequantizer, and transformers' GGUF loader)."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -249,6 +250,25 @@ def test_gguf_export_round_trips_through_gguf_and_transformers(tmp_path, gguf_ca
     assert load_tokenizer(out)(text)["input_ids"] == load_tokenizer("tiny/standard")(text)["input_ids"]
 
 
+@pytest.mark.parametrize("dtype,type_name", [(torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16")])
+def test_gguf_16_bits_is_the_source_unquantized(tmp_path, gguf_cache, dtype, type_name):
+    """`--bits 16`: every weight in the source's own float type, and the reload is the source, tensor for tensor."""
+    import gguf
+
+    source = tmp_path / "src"
+    loading.load(resolve("tiny/standard")[0], device="cpu").to(dtype).save_pretrained(source)
+    shutil.copy(resolve("tiny/standard")[0] / "tokenizer.json", source)
+    out = tmp_path / "f.gguf"
+    summary = export_gguf(source, out, parse_export("absmax", 16, format="gguf"))
+    reader = gguf.GGUFReader(out)
+    assert reader.get_field("general.file_type").contents() == gguf.LlamaFileType["ALL_F32" if type_name == "F32" else f"MOSTLY_{type_name}"]
+    assert {t.tensor_type.name for t in reader.tensors if t.name.startswith("blk.0.attn_q")} == {type_name}
+    assert summary.description["type"] == type_name
+    back = dict(load(out).named_parameters())
+    want = loading.load(source, device="cpu").named_parameters()
+    assert all(torch.equal(p.float(), back[name].float()) for name, p in want)
+
+
 @pytest.fixture(scope="module")
 def qwen_sources(tmp_path_factory):
     """Tiny random Qwen2 (Q/K/V biases, tied embeddings) and Qwen3 (q/k norms) with the shipped byte-level BPE."""
@@ -319,7 +339,7 @@ def test_gguf_out_is_replaced_only_when_quantdiff_wrote_it(tmp_path, gguf_cache)
     [
         (["tiny/diff", "--format", "gguf", "--bits", "8", "--out", "x.gguf"], "llama.cpp has no DiffLlama architecture"),
         (["bb/diffv2", "--format", "gguf", "--bits", "4", "--out", "x.gguf"], "llama.cpp has no DIFF V2 architecture"),
-        (["tiny/standard", "--format", "gguf", "--bits", "6", "--out", "x.gguf"], "gguf export takes --bits 8 (Q8_0) or 4 (Q4_0), got 6"),
+        (["tiny/standard", "--format", "gguf", "--bits", "6", "--out", "x.gguf"], "gguf export takes --bits 8 (Q8_0), 4 (Q4_0) or 16 (unquantized), got 6"),
         (["tiny/standard", "--format", "gguf", "--out", "x"], "must end in .gguf"),
         (["tiny/standard", "--format", "gguf", "--group-size", "32", "--out", "x.gguf"], "no --group-size"),
         (["tiny/standard", "--format", "gguf", "--out", "x.gguf", "--attention-bits", "8"], "--attention-bits does nothing with --format gguf"),

@@ -22,7 +22,7 @@ from quantdiff.quant.formats import parse_export
 from quantdiff.core.owned import GGUF_KEY
 from quantdiff.quant.gguf_export import export_gguf
 from quantdiff.quant.gguf_format import GGUFExport
-from quantdiff.quant.numerics import compressed_tensors_token_fake_quantize
+from quantdiff.quant.numerics import absmax_weight_quantize, compressed_tensors_token_fake_quantize
 from quantdiff.quant.sites import AbsmaxMethod, LinearSite, fake_quant_weight, linear_targets
 from tests.test_export import IDS, PRESET
 
@@ -123,6 +123,35 @@ def test_compressed_tensors_config_declares_the_scheme(sources, tmp_path):
     (group,) = w8["config_groups"].values()
     assert w8["format"] == "int-quantized" and group["weights"]["strategy"] == "channel"
     assert group["input_activations"] == {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": True, "strategy": "token", "group_size": None}
+
+
+@pytest.mark.parametrize("strategy,group_size", [("channel", None), ("group", 16)])
+def test_w4a16_layout_is_the_packages_own_compressors(sources, tmp_path, strategy, group_size):
+    """llm-compressor's route (the package's `apply_quantization_config` + `ModelCompressor`, pack-quantized)
+    given the same weights and scales writes our tensors — names, shapes, dtypes, bits — and our config."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme, apply_quantization_config
+    from safetensors.torch import load_file
+
+    export_quantized(sources["standard"], tmp_path / "ours", parse_export("absmax", 4, group_size=group_size, format="compressed-tensors"))
+    model = loading.load(sources["standard"], device="cpu")
+    weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy=strategy, group_size=group_size)
+    # PRESET's 192-wide down_proj takes G = 16 as well: one config group, as ours writes for widths G divides
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights)}, ignore=["lm_head"]))
+    for _, module in linear_targets(model, LinearSite()):
+        result = absmax_weight_quantize(module.weight.detach(), 4, group_size)
+        module.weight.data, module.weight_scale.data = result.dequant, result.scale.reshape(module.weight_scale.shape)
+    compressor = ModelCompressor.from_pretrained_model(model, "pack-quantized")
+    compressor.compress_model(model)
+    (tmp_path / "theirs").mkdir()
+    compressor.update_config(str(tmp_path / "theirs"))
+
+    theirs, ours = model.state_dict(), load_file(str(tmp_path / "ours" / "model.safetensors"))
+    assert set(ours) == set(theirs)
+    assert all(torch.equal(ours[key], theirs[key]) and ours[key].dtype == theirs[key].dtype for key in ours)
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())["quantization_config"]
+    config.pop("quantdiff")
+    assert config == json.loads((tmp_path / "theirs" / "config.json").read_text())["quantization_config"]
 
 
 def test_compressed_tensors_layers_of_different_widths_get_their_own_groups():

@@ -117,6 +117,7 @@ class CompressedTensorsExport:
             "ignore": list(skipped),
             "quantization_status": "compressed",
             "kv_cache_scheme": None,
+            "moe_sparsity_config": None,  # written by the package's own ModelCompressor.update_config (0.20.0)
             "global_compression_ratio": None,
             "sparsity_config": {},
             "transform_config": {},

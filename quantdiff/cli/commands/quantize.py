@@ -119,6 +119,9 @@ def summary_lines(summary, trust_remote_code: bool, attention) -> list[str]:
     lines = [f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}"]
     if "scale_rule" in d:
         lines.append(f"scale rule: {d['scale_rule']}")
+    if "activation_rule" in d:
+        lines.append(f"activations at run time: {d['activation_rule']} ({d['dtype']} here; on a model with massive "
+                     "activations a W8A8 figure differs between float32 and bfloat16: docs/quantization.md)")
     if d.get("source") is not None:
         lines.append(f"source: {describe_source(d['source'])} (the dequantized weights are what was quantized)")
     lines.append(

@@ -76,9 +76,9 @@ def load_quantized(
     dtype: cast the decoded model (default: the dtype it was exported from, which keeps weights bit-exact).
 
     An llm-int8 export also quantizes linear inputs at run time (LLM.int8 with the stored threshold), a
-    compressed-tensors W8A8 one per token as the compressed-tensors package does (`compressed_tensors_inputs`); a recorded attention quantization is re-applied, and a
-    recorded Hadamard rotation rotates the inputs of the modules whose weights it stores rotated. Their handles
-    are in `model.quantdiff_handles`.
+    compressed-tensors W8A8 one per token as the compressed-tensors package does (`compressed_tensors_inputs`);
+    a recorded attention quantization is re-applied, and a recorded Hadamard rotation rotates the inputs of the
+    modules whose weights it stores rotated. Their handles are in `model.quantdiff_handles`.
     Only model.safetensors is read: pickled files beside it are never opened.
     """
     from transformers import AutoModelForCausalLM

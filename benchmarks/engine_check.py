@@ -11,7 +11,8 @@ Too heavy for CI; tests/test_engine_check.py checks the comparison on small fixt
 
 Each engine lives in its own virtual environment, beside quantdiff's (Debian 12, glibc 2.36, CPU only):
 
-    # llama.cpp: llama-cpp-python built from source, CPU backend only (prebuilt wheels need glibc 2.38)
+    # llama.cpp: llama-cpp-python built from source, CPU backend only (prebuilt wheels need glibc 2.38). Slow:
+    # on two busy cores 16 minutes built 123 of its 127 objects (about 20 minutes in all)
     python3 -m venv .venv-llamacpp
     CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
       -DLLAMA_BUILD_SERVER=OFF" .venv-llamacpp/bin/pip install --no-binary llama-cpp-python llama-cpp-python numpy

@@ -26,8 +26,8 @@ from quantdiff.quant.compressed_tensors import CompressedTensorsExport
 from quantdiff.quant.export import export_quantized, stored_weights
 from quantdiff.quant.formats import AbsmaxExport, ExportFormat
 from quantdiff.quant.gguf_format import GGUFExport
-from quantdiff.quant.numerics import PerRow
-from quantdiff.quant.sites import AbsmaxMethod, LinearSite, QuantConfig, linear_targets, quantized
+from quantdiff.quant.checkpoint import compressed_tensors_inputs
+from quantdiff.quant.sites import LinearSite, linear_targets
 
 ROWS: list[tuple[str, ExportFormat | None]] = [
     ("unquantized", None),
@@ -37,7 +37,7 @@ ROWS: list[tuple[str, ExportFormat | None]] = [
     ("GGUF Q4_0 (blocks of 32)", GGUFExport(4)),
     ("absmax 8-bit G32 (quantdiff)", AbsmaxExport(8, 32)),
     ("GGUF Q8_0 (blocks of 32)", GGUFExport(8)),
-    ("compressed-tensors W8A8 (int8 inputs per token)", CompressedTensorsExport(8)),
+    ("compressed-tensors W8A8 (int8 inputs per token, the package's rule)", CompressedTensorsExport(8)),
 ]
 
 
@@ -56,10 +56,15 @@ def weight_profile(model: torch.nn.Module, fmt: ExportFormat) -> tuple[float, fl
 
 
 def evaluate(model, fmt, task, prepared) -> dict:
-    runtime_inputs = isinstance(fmt, CompressedTensorsExport) and fmt.bits == 8
-    inputs = quantized(model, QuantConfig(AbsmaxMethod(8, PerRow()), LinearSite(weights=False))) if runtime_inputs else nullcontext()
-    with (stored_weights(model, fmt) if fmt is not None else nullcontext()), inputs, torch.no_grad():
-        return task.evaluate(model, prepared)
+    """W8A8 rows quantize the inputs as the export's reload and transformers do (`compressed_tensors_inputs`)."""
+    with (stored_weights(model, fmt) if fmt is not None else nullcontext()), torch.no_grad():
+        if not (isinstance(fmt, CompressedTensorsExport) and fmt.bits == 8):
+            return task.evaluate(model, prepared)
+        handle = compressed_tensors_inputs(model, [fqn for fqn, _ in linear_targets(model, LinearSite())])
+        try:
+            return task.evaluate(model, prepared)
+        finally:
+            handle.remove()
 
 
 def line(name: str, metrics: dict, profile: tuple[float, float] | None) -> str:

@@ -15,9 +15,9 @@ from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
 from quantdiff.models import loading
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport
-from quantdiff.quant.formats import WEIGHTS_NAME, ExportFormat, LLMInt8Export, Tensors, format_from_section
-from quantdiff.quant.numerics import PerRow
-from quantdiff.quant.sites import AbsmaxMethod, LinearSite, LLMInt8Method, Method, QuantConfig, QuantizationHandle, apply_quantization
+from quantdiff.quant.formats import WEIGHTS_NAME, LLMInt8Export, Tensors, format_from_section
+from quantdiff.quant.numerics import compressed_tensors_token_fake_quantize
+from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, QuantizationHandle, apply_quantization
 from quantdiff.quant.transforms import rotate_inputs
 
 
@@ -76,9 +76,9 @@ def load_quantized(
     dtype: cast the decoded model (default: the dtype it was exported from, which keeps weights bit-exact).
 
     An llm-int8 export also quantizes linear inputs at run time (LLM.int8 with the stored threshold), a
-    compressed-tensors W8A8 one per token (int8 absmax); a recorded attention quantization is re-applied, and a
-    recorded Hadamard rotation rotates the inputs of the modules whose weights it stores rotated. Their handles
-    are in `model.quantdiff_handles`.
+    compressed-tensors W8A8 one per token as the compressed-tensors package does (`compressed_tensors_inputs`);
+    a recorded attention quantization is re-applied, and a recorded Hadamard rotation rotates the inputs of the
+    modules whose weights it stores rotated. Their handles are in `model.quantdiff_handles`.
     Only model.safetensors is read: pickled files beside it are never opened.
     """
     from transformers import AutoModelForCausalLM
@@ -126,25 +126,27 @@ def load_quantized(
     handles = []
     if (section.get("transform") or {}).get("name") == "hadamard":  # before any input quantizer: it sees xH
         handles.append(QuantizationHandle(rotate_inputs(model, section["transform"]["modules"])))
-    input_method = _runtime_input_method(fmt)
-    if input_method is not None:
+    if isinstance(fmt, LLMInt8Export):  # bitsandbytes quantizes the inputs at run time, with the stored threshold
         chosen = set(section["modules"])
         inputs = LinearSite(filter=lambda m, fqn: fqn in chosen, weights=False)
-        handles.append(apply_quantization(model, QuantConfig(input_method, inputs)))
+        handles.append(apply_quantization(model, QuantConfig(LLMInt8Method(8, fmt.threshold), inputs)))
+    if isinstance(fmt, CompressedTensorsExport) and fmt.bits == 8:
+        handles.append(compressed_tensors_inputs(model, section["modules"]))
     if section.get("attention") is not None:
         handles.append(apply_quantization(model, QuantConfig.from_dict(section["attention"])))
     model.quantdiff_handles = handles
     return model
 
 
-def _runtime_input_method(fmt: ExportFormat) -> Method | None:
-    """How an export's linear inputs are quantized at run time: LLM.int8 with its threshold, or compressed-tensors
-    W8A8's dynamic per-token int8 (our absmax/127 rule, as vLLM's int8 kernels compute it); None: weight-only."""
-    if isinstance(fmt, LLMInt8Export):
-        return LLMInt8Method(8, fmt.threshold)
-    if isinstance(fmt, CompressedTensorsExport) and fmt.bits == 8:
-        return AbsmaxMethod(8, PerRow())
-    return None
+def compressed_tensors_inputs(model: nn.Module, modules: list[str]) -> QuantizationHandle:
+    """W8A8's run-time activations, as transformers computes them from a compressed-tensors `int-quantized`
+    checkpoint: each listed module's input through the package's dynamic per-token rule (absmax/127.5, clamp to
+    [−128, 127], `numerics.compressed_tensors_token_fake_quantize`), in the model's dtype, before its float
+    matmul with the decoded weight (the package's `set_forward_quantized`)."""
+    found = dict(model.named_modules())
+    quantize = lambda module, args: (compressed_tensors_token_fake_quantize(args[0]), *args[1:])  # noqa: E731
+    hooks = [found[fqn].register_forward_pre_hook(quantize) for fqn in modules]
+    return QuantizationHandle([hook.remove for hook in hooks])
 
 
 def load(

@@ -5,7 +5,9 @@ exactly the `linear` site's quantized weights.
   code + 8, the first in the least significant bits; `weight_scale` (out, 1) per channel or (out, in/G) per
   group; `weight_shape` (out, in).
 - W8A8 (`int-quantized`): int8 `weight` and `weight_scale` (out, 1); the config declares dynamic per-token int8
-  activations, which vLLM quantizes at run time (and `quantdiff.load` too, see `checkpoint`).
+  activations, quantized at run time by each engine: transformers (the package's own forward) and
+  `quantdiff.load` with the package's rule, absmax/127.5 clamped to [−128, 127] (`checkpoint.compressed_tensors_inputs`);
+  vLLM's int8 kernels with absmax/127.
 
 The scale rule is ours, not the package's: scale = absmax / 7 (int4) or / 127 (int8), codes in [−7, 7] /
 [−127, 127] (the package's own compressor divides by 7.5 / 127.5 and uses −8 / −128 too). Our codes are valid
@@ -33,6 +35,8 @@ COMPRESSED_TENSORS_VERSION = "0.20.0"
 CT_BITS = {4: "pack-quantized", 8: "int-quantized"}  # bits -> compressed-tensors format
 _OFFSET = 8  # a 4-bit code c is stored as c + 8 (the format's unsigned offset, 2^(bits-1))
 _PER_INT32 = 8  # 4-bit codes per int32 word
+# W8A8's run-time activations, as quantdiff's reload and transformers compute them (numerics.compressed_tensors_token_fake_quantize)
+ACTIVATION_RULE = "compressed-tensors' dynamic per-token int8: absmax/127.5, clamp [-128, 127], round half to even, in the model's dtype"
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,10 @@ class CompressedTensorsExport:
         granularity = "per-output-channel" if self.group_size is None else f"group-{self.group_size}"
         grouped = {} if self.group_size is None else {"group_size": self.group_size}
         scheme = "W4A16" if self.bits == 4 else "W8A8 (dynamic per-token int8 activations)"
+        activations = {} if self.bits == 4 else {"activation_rule": ACTIVATION_RULE}
         return {"method": self.name, "bits": self.bits, "granularity": granularity, **grouped, "scheme": scheme,
-                "scale_rule": f"absmax/{2 ** (self.bits - 1) - 1} (quantdiff's; the package's own is absmax/{2 ** (self.bits - 1) - 0.5})"}
+                "scale_rule": f"absmax/{2 ** (self.bits - 1) - 1} (quantdiff's; the package's own is absmax/{2 ** (self.bits - 1) - 0.5})",
+                **activations}
 
     def hf_config(self, skipped: list[str], widths: dict[str, int]) -> dict:
         """The `quantization_config` compressed-tensors reads: one config group per stored group size."""
@@ -111,6 +117,7 @@ class CompressedTensorsExport:
             "ignore": list(skipped),
             "quantization_status": "compressed",
             "kv_cache_scheme": None,
+            "moe_sparsity_config": None,  # written by the package's own ModelCompressor.update_config (0.20.0)
             "global_compression_ratio": None,
             "sparsity_config": {},
             "transform_config": {},

@@ -1,5 +1,5 @@
-"""Write one GGUF file for llama.cpp: the decoder-layer linears in Q8_0 or Q4_0 (`gguf_format`), everything else
-exactly as quantdiff holds it, in F32.
+"""Write one GGUF file for llama.cpp: the decoder-layer linears in Q8_0 or Q4_0 (`gguf_format`), or unquantized in
+the source's own float type (`--bits 16`), everything else exactly as quantdiff holds it, in F32.
 
 Names, metadata and layout follow llama.cpp's `convert_hf_to_gguf.py` for the Llama, Qwen2 and Qwen3
 architectures: tensor names from the `gguf` package's own name map, Llama's Q and K rows permuted as llama.cpp's
@@ -31,7 +31,7 @@ from quantdiff.models.names import resolve
 from quantdiff.models.wheels import WHEEL_MODELS, wheel_file
 from quantdiff.models.source import model_source
 from quantdiff.quant.export import ExportSummary, _plain_tensors, _tied_to_other, check_reloads, refuse_nonfinite
-from quantdiff.quant.gguf_format import GGUFExport
+from quantdiff.quant.gguf_format import UNQUANTIZED_BITS, GGUFExport
 from quantdiff.quant.gguf_tokenizer import add_bpe_tokenizer, check_bpe_tokenizer
 from quantdiff.quant.sites import LinearSite, linear_targets
 from quantdiff.quant.transforms import Transform, check_exportable, export_transform
@@ -111,6 +111,8 @@ def export_gguf(
     tied = _tied_to_other(network, targets)
     if tied:
         raise ConfigError(f"{tied} shares its weight with another tensor (tied embeddings): it cannot be quantized alone")
+    if fmt.bits == UNQUANTIZED_BITS:
+        fmt = GGUFExport.unquantized(network.get_input_embeddings().weight.dtype)
     for fqn, module in targets:
         fmt.check_width(fqn, module.weight)
     recorded = {} if transform is None else {"transform": export_transform(network, source, transform, targets, own_format=False)}
@@ -188,7 +190,7 @@ def _write(tmp: Path, arch: GGUFArchitecture, config: dict, source: Path, gguf_s
     writer = gguf.GGUFWriter(tmp, arch.name)
     writer.add_type("model")
     writer.add_name(_source_name(gguf_source) or source.name)
-    writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{fmt.type_name}"])
+    writer.add_file_type(gguf.LlamaFileType[fmt.file_type])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads

@@ -194,6 +194,29 @@ def expand_group_scales(scale: torch.Tensor, group_size: int, k: int) -> torch.T
     return scale.repeat_interleave(min(group_size, max(k, 1)), dim=-1)[..., :k]
 
 
+def compressed_tensors_token_fake_quantize(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """Dynamic per-token symmetric int quantization exactly as the compressed-tensors package runs it (0.20.0,
+    what transformers executes for a W8A8 `int-quantized` checkpoint), in x's own dtype throughout:
+
+    - `utils/helpers.py` `compute_dynamic_scales_and_zp` (strategy `token`): min/max over every axis but the
+      first two (a (B, T, k) input: per token; a 2-d input: the whole tensor), widened to include 0;
+    - `calculate_qparams`: scale = max(|min|, |max|) / (bit range / 2) = absmax / 127.5 at 8 bits (not / 127),
+      a zero scale replaced by the dtype's eps; zero point 0;
+    - `lifecycle/forward_helpers.py` `_quantize_dequantize`: x / scale (a division, not a product with the
+      inverse), clamped to [−2^(bits−1), 2^(bits−1) − 1] = [−128, 127] *before* `torch.round` (half to even),
+      times scale.
+
+    So the token's largest positive value lands on 127 (127.5 clamped) and its most negative on −128.
+    """
+    q_min, q_max = -(2 ** (check_bits(bits) - 1)), 2 ** (bits - 1) - 1
+    dims = tuple(range(2, x.dim()))
+    low = (x.amin(dim=dims, keepdim=True) if dims else x.amin()).clamp(max=0)
+    high = (x.amax(dim=dims, keepdim=True) if dims else x.amax()).clamp(min=0)
+    scale = torch.maximum(low.abs(), high) / ((q_max - q_min) / 2)
+    scale = torch.where(scale == 0, torch.finfo(scale.dtype).eps, scale)
+    return torch.round(torch.clamp(x / scale, q_min, q_max)) * scale
+
+
 @dataclass(frozen=True)
 class VectorwiseResult:
     codes: torch.Tensor  # (..., rows, k) int; 0 in outlier feature columns

@@ -14,9 +14,9 @@ from quantdiff.cli.transform_options import CalibrationOpt, CalibrationTokensOpt
 def quantize(
     model: Annotated[str, typer.Argument(help="Model directory, GGUF file (dequantized first), built-in name (tiny/diff, smollm2, gemma3) or hub id (org/name).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory, or FILE.gguf with --format gguf (written atomically).")],
-    bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4; compressed-tensors: 4 (W4A16) or 8 (W8A8); gguf: 8 (Q8_0) or 4 (Q4_0).")] = "4",
+    bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4; compressed-tensors: 4 (W4A16) or 8 (W8A8); gguf: 8 (Q8_0), 4 (Q4_0) or 16 (unquantized: the source's own F32/F16/BF16, the reference).")] = "4",
     method: Annotated[Optional[str], typer.Option("--method", help="absmax (packed, ours; the default), llm-int8, nf4 or fp4 (bitsandbytes layouts): for --format quantdiff.")] = None,
-    export_format: Annotated[str, typer.Option("--format", help="quantdiff (a model directory, --method's layout), compressed-tensors (a model directory vLLM and transformers load; our absmax weights) or gguf (one file for llama.cpp: Q8_0 / Q4_0; Llama, Qwen2, Qwen3).")] = "quantdiff",
+    export_format: Annotated[str, typer.Option("--format", help="quantdiff (a model directory, --method's layout), compressed-tensors (a model directory vLLM and transformers load; our absmax weights) or gguf (one file for llama.cpp: Q8_0 / Q4_0, or unquantized; Llama, Qwen2, Qwen3).")] = "quantdiff",
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="absmax: one scale per group of G inputs of each output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group). Default: one per output channel.")] = None,
     threshold: Annotated[Optional[float], typer.Option("--threshold", help="llm-int8 outlier threshold, applied to activations at run time (default: the LLM.int8 paper's 6.0).")] = None,
     include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="Quantize lm_head too (default: decoder-layer linears only).")] = False,
@@ -119,6 +119,9 @@ def summary_lines(summary, trust_remote_code: bool, attention) -> list[str]:
     lines = [f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}"]
     if "scale_rule" in d:
         lines.append(f"scale rule: {d['scale_rule']}")
+    if "activation_rule" in d:
+        lines.append(f"activations at run time: {d['activation_rule']} ({d['dtype']} here; on a model with massive "
+                     "activations a W8A8 figure differs between float32 and bfloat16: docs/quantization.md)")
     if d.get("source") is not None:
         lines.append(f"source: {describe_source(d['source'])} (the dequantized weights are what was quantized)")
     lines.append(

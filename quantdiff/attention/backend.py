@@ -301,7 +301,8 @@ def _tiled_attention(
 
     def logits_of(k_start: int, k_stop: int, q_first: int) -> tuple[torch.Tensor, torch.Tensor]:
         q = query[:, :, q_first:]
-        logits = torch.matmul(q, key[:, :, k_start:k_stop].transpose(2, 3)).float() * args.scaling  # (B, H, rows, cols)
+        # (B, H, rows, cols); scaled in place: the matmul's (or .float()'s) fresh tensor, nobody else holds it yet
+        logits = torch.matmul(q, key[:, :, k_start:k_stop].transpose(2, 3)).float().mul_(args.scaling)
         valid = _valid_mask(mask, q_pos_all[q_first:], q_first, k_start, k_stop, args.sliding_window)
         return logits, valid
 

@@ -1,0 +1,61 @@
+"""The statistics pass is byte-identical to stored reference documents on SmolLM2, Gemma 3 and the bb arms.
+
+Each document is what `quantdiff stats` wrote (its --json, gzipped): speed work on the statistics pass must not
+move a single bit of any statistic. Only each model's "path" is normalised before comparing: it is where this
+checkout or this user's cache lives, not a result. The documents were written on a 2-thread CPU (conftest's
+thread count); another CPU family's matmul kernels round differently and would need new references.
+
+Rewrite them deliberately, after a change meant to alter statistics, from the repository root:
+`PYTHONPATH=. python tests/test_stats_reference.py [case …]`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantdiff.cli.app import main
+
+REFERENCES = Path(__file__).parent / "data" / "stats_reference"
+# Multi-tile passes: tiles on, below and above the diagonal; Gemma 3's 512-key sliding window spans tiles;
+# bb's --tokens leaves its last batch right-padded (the explicit-mask path) and includes the sink kind.
+CASES = {
+    "smollm2": ["smollm2", "--tokens", "1024", "--seq-len", "512", "--batch-size", "2", "--tile-size", "128"],
+    "gemma3": ["gemma3", "--tokens", "1024", "--seq-len", "1024", "--batch-size", "1", "--tile-size", "256"],
+    "bb": ["bb", "--tokens", "2000", "--seq-len", "64", "--batch-size", "8", "--tile-size", "16"],
+}
+COMMON = ["--top-k", "8", "--no-compile", "--quiet"]
+PATH_LINE = re.compile(rb'^( *"path": )".*"(,?)$', re.MULTILINE)
+
+
+def _write(case: str, out: Path) -> bytes:
+    main(["stats", *CASES[case], *COMMON, "--json", str(out)])
+    return out.read_bytes()
+
+
+def _normalised(document: bytes) -> bytes:
+    return PATH_LINE.sub(rb'\1"<path>"\2', document)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_stats_json_is_byte_identical_to_reference(case, tmp_path):
+    written = _write(case, tmp_path / f"{case}.json")
+    reference = gzip.decompress((REFERENCES / f"{case}.json.gz").read_bytes())
+    assert _normalised(written) == _normalised(reference)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(2)  # as conftest runs the test
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in sys.argv[1:] or sorted(CASES):
+            document = _write(name, Path(scratch) / f"{name}.json")
+            (REFERENCES / f"{name}.json.gz").write_bytes(gzip.compress(document, mtime=0))

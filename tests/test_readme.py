@@ -34,6 +34,8 @@ SKIPPED = {
     "quantdiff quantize smollm2": "the real model (minutes on two cores): its exports are checked by test_real_model.py",
     "quantdiff stats gemma3": "the real model (minutes on two cores): its figures are checked by test_real_model.py",
     "quantdiff sweep gemma3": "the real model (minutes on two cores): its sweep is what `make reproduce` runs",
+    "quantdiff kv-plan smollm2": "the real model (minutes on two cores): kv-plan then eval is tested by test_kv_plan.py",
+    "quantdiff eval bb/diff --task bb --kv-plan plan.json": "reads a plan the reader wrote: kv-plan then eval is tested by test_kv_plan.py",
 }
 # Commands that run but take longer than ~20 s on two CPU cores; they read the corpus (their default data).
 SLOW = ("quantdiff stats tiny", "quantdiff sweep tiny", "quantdiff eval tiny")

@@ -297,7 +297,7 @@ def calibrate_kv(model: nn.Module, tokenizer, calibration, bos_id: int | None = 
     config = model.config
     seq_len = min(calibration.seq_len, getattr(config, "max_position_embeddings", None) or calibration.seq_len)
     tokenize = None if tokenizer is None else (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
-    sequences = load_sequences(calibration.source, tokenize, calibration.tokens, seq_len, config.vocab_size, bos_id)
+    sequences = load_sequences(calibration.source, tokenize, calibration.tokens, seq_len, config.vocab_size, bos_id, tokenizer)
     batches = make_batches(sequences, batch_size, getattr(config, "pad_token_id", None) or 0)
     collector = StatsCollector(model, k=1, compile=False)
     peaks: list[list[torch.Tensor]] = []  # per batch, per layer: (B, T) max |h| over channels

@@ -1,24 +1,26 @@
 """The statistics pass is byte-identical to stored reference documents on SmolLM2, Gemma 3 and the bb arms.
 
-Each document is what `quantdiff stats` wrote (its --json, gzipped): speed work on the statistics pass must not
-move a single bit of any statistic. Only each model's "path" is normalised before comparing: it is where this
-checkout or this user's cache lives, not a result. The documents were written on a 2-thread CPU (conftest's
-thread count); another CPU family's matmul kernels round differently and would need new references.
+Each document is what `quantdiff stats` wrote (its --json, gzipped), at commit cc901eb, before the speed work:
+that work must not move a single bit of any statistic. Only each model's "path" is normalised before comparing: it
+is where this checkout or this user's cache lives, not a result. Both runs compute on the kernels training pins
+(AVX2, MKL_CBWR=AVX2) and 2 threads, in a fresh process, so another x86-64 CPU family computes the same bits.
 
 Rewrite them deliberately, after a change meant to alter statistics, from the repository root:
-`PYTHONPATH=. python tests/test_stats_reference.py [case …]`.
+`python tests/test_stats_reference.py [case …]`.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from quantdiff.cli.app import main
+from quantdiff.train.determinism import ENVIRONMENT
 
 REFERENCES = Path(__file__).parent / "data" / "stats_reference"
 # Multi-tile passes: tiles on, below and above the diagonal; Gemma 3's 512-key sliding window spans tiles;
@@ -32,8 +34,14 @@ COMMON = ["--top-k", "8", "--no-compile", "--quiet"]
 PATH_LINE = re.compile(rb'^( *"path": )".*"(,?)$', re.MULTILINE)
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
 def _write(case: str, out: Path) -> bytes:
-    main(["stats", *CASES[case], *COMMON, "--json", str(out)])
+    env = {**os.environ, **ENVIRONMENT, "OMP_NUM_THREADS": "2"}  # read by ATen and MKL as the process starts
+    command = [sys.executable, "-m", "quantdiff", "stats", *CASES[case], *COMMON, "--json", str(out)]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stderr[-2000:]
     return out.read_bytes()
 
 
@@ -52,9 +60,6 @@ def test_stats_json_is_byte_identical_to_reference(case, tmp_path):
 if __name__ == "__main__":
     import tempfile
 
-    import torch
-
-    torch.set_num_threads(2)  # as conftest runs the test
     with tempfile.TemporaryDirectory() as scratch:
         for name in sys.argv[1:] or sorted(CASES):
             document = _write(name, Path(scratch) / f"{name}.json")

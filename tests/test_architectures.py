@@ -2,7 +2,7 @@
 
 For each family a tiny random float32 model is built twice with the same weights: once under transformers'
 own eager attention (the reference), once on the quantdiff backend with a no-op hook on every tap (which
-forces the tiled path). Outputs must agree within 1e-5 for two tile sizes, with and without left padding,
+forces the tiled path). Outputs must agree within 1e-5 (relative to logits above 1) for two tile sizes, with and without left padding,
 and quantdiff's logit statistics (count, Top-k, median) must equal an independent capture of the causal
 (and windowed) `QKᵀ·scaling`, taken from the model's own eager attention function with an eager mask.
 Families the backend cannot run must fail with one line naming the reason — never a silent mismatch.
@@ -197,7 +197,9 @@ def _check_family(model_type: str, overrides: dict) -> None:
                 got = tiled(input_ids=ids, attention_mask=mask if padded else None).logits
             real = mask.bool() if padded else torch.ones_like(mask, dtype=torch.bool)
             diff = (got - reference)[real].abs().max().item()
-            assert diff <= 1e-5, f"{model_type} tile={tile_size} padded={padded}: max |Δ output| {diff:.2e}"
+            # float32 rounding of the tiled online softmax grows with the logits' size (zaya's reach ~4)
+            bound = 1e-5 * max(1.0, reference[real].abs().max().item())
+            assert diff <= bound, f"{model_type} tile={tile_size} padded={padded}: max |Δ output| {diff:.2e} > {bound:.2e}"
 
     want = _captured_abs_logits(model, ids, mask)
     stats = collect_stats(_forced_tiled(model, 5), [Batch(ids, mask, 0)], k=8).summary()["attention_logits"]

@@ -97,3 +97,18 @@ def test_the_bb_seed_0_arms_retrain_their_pinned_first_steps(tmp_path):
         shipped = json.loads((SHIPPED_LOGS / f"{arm}.json").read_text())["train_loss_curve"][: len(losses)]
         assert losses[:SHIPPED_EQUAL_STEPS] == shipped[:SHIPPED_EQUAL_STEPS], arm
         assert max(abs(x - y) for x, y in zip(losses, shipped)) <= SHIPPED_TOLERANCE, arm
+
+
+def test_pinning_in_a_process_that_imported_torch_leaves_its_environment_alone(monkeypatch):
+    """In-process callers (the API, tests) keep their kernels, and the processes they start later theirs too;
+    training's workers are pinned for the pool's life only."""
+    from quantdiff.train import determinism
+
+    for name in determinism.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    determinism.pin_environment()  # torch is imported here
+    assert "ATEN_CPU_CAPABILITY" not in os.environ and os.environ["MKL_CBWR"] == "COMPATIBLE"
+    with determinism.pinned_children():
+        assert {name: os.environ[name] for name in determinism.ENVIRONMENT} == determinism.ENVIRONMENT
+    assert "ATEN_CPU_CAPABILITY" not in os.environ and os.environ["MKL_CBWR"] == "COMPATIBLE"

@@ -16,6 +16,7 @@ oneDNN (torch.backends.mkldnn) and torch.use_deterministic_algorithms change no 
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -27,9 +28,28 @@ THREADS = 1  # one thread: no reduction is split by the machine's core count
 
 
 def pin_environment() -> None:
-    """Put ENVIRONMENT in os.environ (overriding the user's values): for this process if torch is not imported
-    yet, and for the worker processes it starts."""
+    """Put ENVIRONMENT in os.environ (overriding the user's values) while this process has not imported torch: the
+    kernels it and its children will use. A process that already imported torch (the Python API, tests) keeps its
+    kernels, and its environment is left alone: otherwise only the processes it starts later would change kernels
+    (`pinned_children` pins the workers that training starts)."""
+    if "torch" not in sys.modules:
+        os.environ.update(ENVIRONMENT)
+
+
+@contextmanager
+def pinned_children() -> Iterator[None]:
+    """ENVIRONMENT in os.environ for the block — the processes started in it import torch under the pinned
+    kernels — and the caller's values restored after."""
+    previous = {name: os.environ.get(name) for name in ENVIRONMENT}
     os.environ.update(ENVIRONMENT)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def settings() -> dict:

@@ -123,19 +123,19 @@ def train_seeds(recipe: Recipe, out: str | Path, *, force: bool = False, jobs: i
 
 def _train_in_workers(recipe: Recipe, pending: dict[int, Path], force: bool, jobs: int, console) -> None:
     """`jobs` worker processes, each training one seed at a time on one thread."""
-    determinism.pin_environment()  # spawned workers import torch afresh, under the pinned kernels
     console.print(f"training seeds {', '.join(map(str, pending))}: {jobs} worker processes, {determinism.THREADS} thread(s) each; "
                   f"each seed's output goes to OUT/seed-<s>/{OUTPUT_LOG}")
     tasks = [(for_seed(recipe, seed), directory, force) for seed, directory in pending.items()]
     started = time.perf_counter()
-    pool = multiprocessing.get_context("spawn").Pool(jobs, maxtasksperchild=1)
-    try:
-        for number, seed in enumerate(pool.imap_unordered(_train_one, tasks), 1):
-            console.print(f"seed {seed} trained ({number} of {len(tasks)}, {time.perf_counter() - started:.0f} s since the start)")
-        pool.close()
-    finally:
-        pool.terminate()  # on an error or an interrupt the other seeds stop too (their checkpoints stay)
-        pool.join()
+    with determinism.pinned_children():  # spawned workers (one per seed) import torch afresh, under the pinned kernels
+        pool = multiprocessing.get_context("spawn").Pool(jobs, maxtasksperchild=1)
+        try:
+            for number, seed in enumerate(pool.imap_unordered(_train_one, tasks), 1):
+                console.print(f"seed {seed} trained ({number} of {len(tasks)}, {time.perf_counter() - started:.0f} s since the start)")
+            pool.close()
+        finally:
+            pool.terminate()  # on an error or an interrupt the other seeds stop too (their checkpoints stay)
+            pool.join()
 
 
 def _train_one(task: tuple[Recipe, Path, bool]) -> int:

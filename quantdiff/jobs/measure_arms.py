@@ -10,11 +10,10 @@ from pathlib import Path
 
 from quantdiff.core.atomic import write_json
 from quantdiff.core.errors import ConfigError
-from quantdiff.train.recipe import Recipe
+from quantdiff.train.recipe import TEXT_TASKS, Recipe
 
 BOS_CORPUS_SOURCE = "builtin:corpus, BOS first (as the pair was trained)"
 BB_SOURCE = "bigram-backcopy held-out sequences, BOS first (as the models were trained)"
-TEXT_TASKS = ("lm", "choice", "retrieval")
 PER_TOKEN_TASKS = ("lm", "bb")  # swept at every site, linear included
 
 

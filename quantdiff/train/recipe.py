@@ -53,6 +53,8 @@ RETRIEVAL_BATCH = 8  # documents per forward pass of the retrieval task (eval.ta
 ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")  # a directory name, the same on every filesystem
 
 
+TEXT_TASKS = ("lm", "choice", "retrieval")  # what a text recipe's run sweeps (a bigram-backcopy recipe: "bb")
+
 @dataclass(frozen=True)
 class DataConfig:
     corpus: str = "janeaustenr"  # see quantdiff/data/corpus.py; or "bigram-backcopy" (quantdiff/data/bigram_backcopy.py)
@@ -312,8 +314,6 @@ def _check(recipe: Recipe) -> None:
 def _check_primary(recipe: Recipe) -> None:
     """[analysis] primary_metrics × primary_arms: set together, without repeats, each arm one the reference arm
     is compared with, each metric a model metric of across_seeds.metrics or a sweep cell this recipe's run makes."""
-    from quantdiff.jobs.measure_arms import TEXT_TASKS  # it imports this module
-
     analysis = recipe.analysis
     metrics, arms = analysis.primary_metrics, analysis.primary_arms
     if bool(metrics) != bool(arms):

@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--calibration-tokens", type=int, default=4096)
     parser.add_argument("--device", default=None)
     parser.add_argument("--report-only", action="store_true", help="rewrite report.md and summary.json of an existing --out from its runs")
+    parser.add_argument("--update", action="store_true",
+                        help="re-run only the groups given (e.g. --lm none --bb DIRS) inside an existing --out, keeping its other groups")
     return parser.parse_args(argv)
 
 
@@ -272,6 +274,39 @@ def write_report(out: Path) -> None:
     (out / "report.md").write_text("".join(parts))
 
 
+def kept_groups(args: argparse.Namespace, rerun: set[str]) -> dict | None:
+    """With --update, the existing report's manifest with only the groups not re-run (None without --update)."""
+    if not args.update:
+        return None
+    try:
+        manifest = json.loads((args.out / "manifest.json").read_text())
+    except (OSError, ValueError):
+        sys.exit(f"error: --update needs an existing report in {args.out} (its manifest.json could not be read)")
+    if manifest["blocks"] != args.blocks or manifest["bits"] != args.bits or manifest["keep_first"] != args.keep_first or manifest["calibration_tokens"] != args.calibration_tokens:
+        sys.exit(f"error: --update must use the settings of {args.out} (blocks {manifest['blocks']}, bits {manifest['bits']}, "
+                 f"keep-first {manifest['keep_first']}, calibration tokens {manifest['calibration_tokens']})")
+    return {**manifest, "groups": [g for g in manifest["groups"] if g["name"] not in rerun]}
+
+
+def copy_kept(out: Path, tmp: Path, kept: dict | None) -> None:
+    """The kept groups' runs and plans, copied into the new report directory."""
+    import shutil
+
+    for group in (kept or {}).get("groups", []):
+        for model in group["models"]:
+            (tmp / "runs").mkdir(exist_ok=True)
+            shutil.copy2(out / model["json"], tmp / model["json"])
+            shutil.copytree(out / "plans" / slug(model["name"]), tmp / "plans" / slug(model["name"]))
+
+
+def merged_manifest(kept: dict, new: dict) -> dict:
+    """One manifest for the report: the kept groups first, each run recorded with the command that made it."""
+    old_runs = [r | {"by": kept["command"]} for r in kept["runs"] if any(r["model"] == m["name"] for g in kept["groups"] for m in g["models"])]
+    return new | {"groups": kept["groups"] + new["groups"], "runs": old_runs + [r | {"by": new["command"]} for r in new["runs"]],
+                  "command": f"{kept['command']}; then {new['command']}", "setting": f"{kept['setting']} (first command); {new['setting']} (then)",
+                  "wall_s": sum(r["wall_s"] for r in old_runs) + new["wall_s"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -288,17 +323,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.bb != ["none"]:
         groups.append({"name": "bb", "task": "bb", "limit": args.bb_limit, "models": describe_models(args.bb)})
     sources = [m["path"] for g in groups for m in g["models"]]
-    check_target(args.out, args.force, sources, flag="--out", kind="report")
+    kept = kept_groups(args, {g["name"] for g in groups})
+    check_target(args.out, args.force or args.update, sources, flag="--out", kind="report")
     start, runs = time.perf_counter(), []
-    with atomic_dir(args.out, force=args.force, kind="report", sources=sources) as tmp:
-        (tmp / "runs").mkdir()
+    command = "python scripts/kv_sinks.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    with atomic_dir(args.out, force=args.force or args.update, kind="report", sources=sources) as tmp:
+        copy_kept(args.out, tmp, kept)
+        (tmp / "runs").mkdir(exist_ok=True)
         for group in groups:
             for model in group["models"]:
                 run_model(model, group, tmp, args, runs)
         setting = f"lm: {args.lm_limit} windows of 256 tokens per cell (script default 32); bb: {args.bb_limit} sequences per cell"
-        manifest = {"quantdiff_version": __version__, "command": "python scripts/kv_sinks.py " + shlex.join(sys.argv[1:] if argv is None else argv), "blocks": args.blocks, "bits": args.bits, "keep_first": args.keep_first,
+        manifest = {"quantdiff_version": __version__, "command": command, "blocks": args.blocks, "bits": args.bits, "keep_first": args.keep_first,
                     "calibration_tokens": args.calibration_tokens, "setting": setting, "groups": groups, "runs": runs,
                     "wall_s": time.perf_counter() - start, "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"}
+        if kept:
+            manifest = merged_manifest(kept, manifest)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / "commands.txt").write_text("".join(run["command"] + "\n" for run in runs))
         write_report(tmp)

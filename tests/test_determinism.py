@@ -2,8 +2,11 @@
 the process is started with another CPU capability and thread count, and the bb recipe's seed 0 retrains the
 first steps of the published (pinned) run.
 
-tests/data/bb_seed0_pinned_first60.json is the checkpoint state.json that `first_steps(60)` below wrote (six arms,
-60 steps, pinned kernels), copied unchanged."""
+tests/data/bb_seed0_pinned_first60/<vendor>.json is the checkpoint state.json that `first_steps(60)` below wrote
+(six arms, 60 steps, pinned kernels), copied unchanged, on a CPU of that vendor: MKL's AVX2 branch is Intel's only
+(an AMD CPU takes MKL's AUTO branch), so the pinned trajectory follows the vendor. AuthenticAMD.json was written on
+an AMD EPYC, the machine results/bb was trained on; GenuineIntel.json on the machine of the round before (its vendor
+was not recorded: CI's machine agreed with it, the AMD EPYC does not)."""
 
 from __future__ import annotations
 
@@ -16,11 +19,17 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from quantdiff.train import determinism
 from tests.test_seeds import MICRO_BB
 
 ROOT = Path(__file__).parent.parent
-PINNED_REFERENCE = Path(__file__).parent / "data" / "bb_seed0_pinned_first60.json"
+PINNED_REFERENCES = Path(__file__).parent / "data" / "bb_seed0_pinned_first60"
 SHIPPED_LOGS = ROOT / "results" / "bb" / "train_logs" / "seed-0"
+PUBLISHED_VENDOR = "AuthenticAMD"  # the CPU results/bb was trained on (its train_output.txt)
+# Across vendors (measured between the two references): equal losses at the log's 5 decimals for steps 0-21 in
+# every arm (standard first differs at step 22, diff 26, gated 29, sink 36; diffv2 and standard-sgd not within 60),
+# and within 0.0041 nats (diff) up to step 60.
+OTHER_VENDOR_EQUAL_STEPS, OTHER_VENDOR_TOLERANCE = 22, 0.005
 # The two machines the test stands for: scalar kernels on one thread, this CPU's own kernels on two.
 SETTINGS = ({"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"})
 
@@ -84,20 +93,24 @@ def first_steps(steps: int, out: Path) -> dict:
 
 @pytest.mark.slow
 def test_the_bb_seed_0_arms_retrain_their_pinned_first_steps(tmp_path):
-    reference = json.loads(PINNED_REFERENCE.read_text())
+    vendor = determinism.cpu_vendor()
+    if not (PINNED_REFERENCES / f"{vendor}.json").exists():
+        pytest.skip(f"no pinned reference for {vendor} CPUs (MKL's code path follows the vendor)")
+    reference = json.loads((PINNED_REFERENCES / f"{vendor}.json").read_text())
     state = first_steps(reference["step"], tmp_path)
     assert state["loss"] == reference["loss"]  # bit for bit (the logged losses: 5 decimals)
-    # the published run (results/bb, trained pinned) logged the same losses: docs/training.md's tolerance is zero
     for arm, losses in reference["loss"].items():
-        shipped = json.loads((SHIPPED_LOGS / f"{arm}.json").read_text())["train_loss_curve"]
-        assert losses == shipped[: len(losses)], arm
+        shipped = json.loads((SHIPPED_LOGS / f"{arm}.json").read_text())["train_loss_curve"][: len(losses)]
+        if vendor == PUBLISHED_VENDOR:  # docs/training.md's tolerance on the same vendor: none
+            assert losses == shipped, arm
+        else:
+            assert losses[:OTHER_VENDOR_EQUAL_STEPS] == shipped[:OTHER_VENDOR_EQUAL_STEPS], arm
+            assert max(abs(x - y) for x, y in zip(losses, shipped)) <= OTHER_VENDOR_TOLERANCE, arm
 
 
 def test_pinning_in_a_process_that_imported_torch_leaves_its_environment_alone(monkeypatch):
     """In-process callers (the API, tests) keep their kernels, and the processes they start later theirs too;
     training's workers are pinned for the pool's life only."""
-    from quantdiff.train import determinism
-
     for name in determinism.ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")

@@ -1,12 +1,16 @@
 """The statistics pass is byte-identical to stored reference documents on SmolLM2, Gemma 3 and the bb arms.
 
-Each document is what `quantdiff stats` wrote (its --json, gzipped), at commit cc901eb, before the speed work:
-that work must not move a single bit of any statistic. Only each model's "path" is normalised before comparing: it
-is where this checkout or this user's cache lives, not a result. Both runs compute on the kernels training pins
-(AVX2, MKL_CBWR=AVX2) and 2 threads, in a fresh process, so another x86-64 CPU family computes the same bits.
+Each document is what `quantdiff stats` wrote (its --json, gzipped) before the speed work: that work must not move
+a single bit of any statistic. Only each model's "path" is normalised before comparing: it is where this checkout
+or this user's cache lives, not a result. Both runs compute on the kernels training pins (AVX2, MKL_CBWR=AVX2) and
+2 threads, in a fresh process. MKL's code path still follows the CPU's vendor (its AVX2 branch is Intel's only; an
+AMD CPU takes MKL's AUTO branch), so there is one set per vendor: `GenuineIntel/` written at commit cc901eb on the
+machine of that round (its vendor was not recorded; CI's machine agreed with it and an AMD EPYC does not),
+`AuthenticAMD/` written on an AMD EPYC by the same statistics code (commit 0d0f650's, identical to cc901eb's on the
+first machine). A vendor without a set is skipped, naming the command that writes one.
 
 Rewrite them deliberately, after a change meant to alter statistics, from the repository root:
-`python tests/test_stats_reference.py [case …]`.
+`python tests/test_stats_reference.py [case …]` (this CPU vendor's set).
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from quantdiff.train.determinism import ENVIRONMENT
+from quantdiff.train.determinism import ENVIRONMENT, cpu_vendor
 
-REFERENCES = Path(__file__).parent / "data" / "stats_reference"
+REFERENCES = Path(__file__).parent / "data" / "stats_reference" / cpu_vendor()
 # Multi-tile passes: tiles on, below and above the diagonal; Gemma 3's 512-key sliding window spans tiles;
 # bb's --tokens leaves its last batch right-padded (the explicit-mask path) and includes the sink kind.
 CASES = {
@@ -52,6 +56,8 @@ def _normalised(document: bytes) -> bytes:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_stats_json_is_byte_identical_to_reference(case, tmp_path):
+    if not REFERENCES.is_dir():
+        pytest.skip(f"no reference documents for {REFERENCES.name} CPUs: write them with python tests/test_stats_reference.py")
     written = _write(case, tmp_path / f"{case}.json")
     reference = gzip.decompress((REFERENCES / f"{case}.json.gz").read_bytes())
     assert _normalised(written) == _normalised(reference)
@@ -60,6 +66,7 @@ def test_stats_json_is_byte_identical_to_reference(case, tmp_path):
 if __name__ == "__main__":
     import tempfile
 
+    REFERENCES.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         for name in sys.argv[1:] or sorted(CASES):
             document = _write(name, Path(scratch) / f"{name}.json")

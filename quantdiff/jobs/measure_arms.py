@@ -161,7 +161,8 @@ def kernels_line() -> str:
 
     current = settings()
     pinned = current["cpu_capability"] == CPU_CAPABILITY and current["mkl_cbwr"] == ENVIRONMENT["MKL_CBWR"]
-    return (f"{current['cpu_capability']}, MKL_CBWR={current['mkl_cbwr']}, {current['threads']} thread(s), torch {current['torch']}"
-            + (" (pinned, as training pins them: any x86-64 CPU with AVX2 computes with the same kernels)" if pinned else " (not pinned: numbers may differ in other CPUs' last bits)"))
+    return (f"{current['cpu_capability']}, MKL_CBWR={current['mkl_cbwr']}, {current['threads']} thread(s), torch {current['torch']}, {current['cpu_vendor']}"
+            + (f" (pinned, as training pins them: any {current['cpu_vendor']} x86-64 CPU with AVX2 computes with the same kernels)" if pinned
+               else " (not pinned: numbers may differ in other CPUs' last bits)"))
 
 

@@ -1,5 +1,5 @@
 """Reproducible CPU training: the settings under which a recipe's seed gives the same weights bit for bit on any
-x86-64 CPU with AVX2, whatever its own instruction set and thread count (docs/training.md).
+x86-64 CPU with AVX2 of the same vendor, whatever its own instruction set and thread count (docs/training.md).
 
 Where the last bits came from (the bb recipe's standard arm; the first differing aten op found by hashing every
 op's outputs in two runs):
@@ -10,6 +10,10 @@ op's outputs in two runs):
   MKL's AVX2 and AVX512 branches.
 - Threads split reductions: the lm_head weight gradient (an MKL sgemm summing over the batch's 4096 tokens)
   differs between 1 and 2 threads at step 0, and so do ATen's whole-tensor sums over more than 32768 elements.
+- MKL's AVX2 branch (MKL_CBWR=AVX2) exists on Intel CPUs only: on an AMD CPU MKL takes its AUTO branch instead
+  (Intel's CNR documentation), so the pinned bb run on an AMD EPYC follows another trajectory than on the Intel
+  machine of the committed 60-step reference (equal losses to step 21). MKL_CBWR=COMPATIBLE (SSE2 on both) would
+  join them, at about 1.9x the bb training time (measured on the AMD EPYC); not adopted, not verified on Intel.
 oneDNN (torch.backends.mkldnn) and torch.use_deterministic_algorithms change no bit of this training on CPU.
 """
 
@@ -25,6 +29,16 @@ from typing import Iterator
 ENVIRONMENT = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 CPU_CAPABILITY = "AVX2"  # what torch.backends.cpu.get_cpu_capability() reports when the pin took effect
 THREADS = 1  # one thread: no reduction is split by the machine's core count
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor (`GenuineIntel`, `AuthenticAMD`, …) as Linux reports it, else 'unknown': MKL's code path,
+    and so the last bits, follow it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("vendor_id")), "unknown")
+    except OSError:
+        return "unknown"
 
 
 def pin_environment() -> None:
@@ -61,6 +75,7 @@ def settings() -> dict:
         "mkl_cbwr": os.environ.get("MKL_CBWR"),  # MKL reads it at its first call; torch offers no way to ask MKL
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "cpu_vendor": cpu_vendor(),
     }
     pinned = current["cpu_capability"] == CPU_CAPABILITY and current["mkl_cbwr"] == ENVIRONMENT["MKL_CBWR"] and current["threads"] == THREADS
     return current | {"pinned": pinned}
@@ -68,9 +83,9 @@ def settings() -> dict:
 
 def describe(current: dict) -> str:
     """One console line saying whether this run reproduces on other machines."""
-    line = f"kernels {current['cpu_capability']}, MKL_CBWR={current['mkl_cbwr']}, {current['threads']} thread(s)"
+    line = f"kernels {current['cpu_capability']}, MKL_CBWR={current['mkl_cbwr']}, {current['threads']} thread(s), {current['cpu_vendor']}"
     if current["pinned"]:
-        return line + ": pinned, bit-reproducible on any x86-64 CPU with AVX2"
+        return line + f": pinned, bit-reproducible on any {current['cpu_vendor']} x86-64 CPU with AVX2 (MKL's path follows the vendor)"
     return (line + f": NOT the pinned setting (ATEN_CPU_CAPABILITY={ENVIRONMENT['ATEN_CPU_CAPABILITY']}, "
             f"MKL_CBWR={ENVIRONMENT['MKL_CBWR']} before torch is imported: `quantdiff train` sets them), so these "
             "weights reproduce only on this CPU type")

@@ -15,9 +15,9 @@ import torch
 from safetensors import safe_open
 
 from quantdiff.cli.app import main
-from quantdiff.models import gguf_model
+from quantdiff.models import gguf_model, wheels
 from quantdiff.models.names import resolve
-from quantdiff.models.wheels import wheel_file
+from quantdiff.models.wheels import WHEEL_MODELS, wheel_file
 from quantdiff.models.source import SOURCE_FILE, model_source
 
 
@@ -119,6 +119,27 @@ def test_cached_directory_is_reused_and_a_broken_one_rebuilt(smollm2_dir, cache,
     converted.clear()
     resolve("smollm2")
     assert converted == [cache / smollm2_dir.name]  # nor one without its source record
+
+
+def test_smollm2_is_found_by_its_pinned_hash_and_another_installed_file_is_refused(smollm2_dir, cache, monkeypatch, capsys, tmp_path):
+    """The entry is found (and checked whole) by the pinned sha256, so the wheel's 98 MB GGUF is not hashed on every
+    run; converting reads it, and a file that is not the pinned one is refused, not converted."""
+    assert WHEEL_MODELS["smollm2"].sha256 == smollm2_dir.name
+    shutil.copytree(smollm2_dir, cache / smollm2_dir.name)
+    hashed = []
+    for module in (wheels, gguf_model):
+        monkeypatch.setattr(module, "file_sha256", lambda path, real=module.file_sha256: hashed.append(path) or real(path))
+    assert resolve("smollm2") == [cache / smollm2_dir.name] and hashed == []
+    assert model_source(cache / smollm2_dir.name)["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    shutil.rmtree(cache / smollm2_dir.name)
+    other = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    other.write_bytes(b"GGUF not the pinned model")
+    monkeypatch.setattr(wheels, "part_files", lambda name: [other])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["info", "smollm2"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1 and "is not the file it is pinned to" in err
+    assert not (cache / smollm2_dir.name).exists()
 
 
 def test_missing_wheel_says_how_to_install_it(monkeypatch, capsys):

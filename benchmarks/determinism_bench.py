@@ -1,6 +1,8 @@
 """What the pinned kernels of `quantdiff train` cost: steps/s of a recipe's arms pinned (ATEN_CPU_CAPABILITY=avx2,
 MKL_CBWR=AVX2, one thread: quantdiff.train.determinism) against this machine's own kernels and all its threads,
-each in a fresh process (the pins act only before torch is imported), alternated round by round.
+and against the pins with MKL_CBWR=COMPATIBLE (MKL's SSE2 branch, the one Intel documents as the same on Intel and
+other vendors' CPUs), each in a fresh process (the pins act only before torch is imported), alternated round by
+round.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/determinism_bench.py --steps 30 --rounds 3 --arms standard,diff,standard-sgd
 """
@@ -22,12 +24,18 @@ from pathlib import Path
 CHILD = "--child"
 
 
-def child(recipe_path: str, arms: list[str], steps: int, pinned: bool) -> None:
+MODES = ("pinned", "compatible", "native")
+
+
+def child(recipe_path: str, arms: list[str], steps: int, mode: str) -> None:
     """Time `steps` training steps of `arms` (after one warm-up step) in this process; print steps/s as JSON."""
+    pinned = mode != "native"
     if pinned:
         from quantdiff.train.determinism import pin_environment
 
         pin_environment()
+    if mode == "compatible":
+        os.environ["MKL_CBWR"] = "COMPATIBLE"
     import torch
     from rich.console import Console
 
@@ -55,20 +63,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
-    speeds: dict[str, list[float]] = {"pinned": [], "native": []}
+    speeds: dict[str, list[float]] = {mode: [] for mode in MODES}
     for _ in range(args.rounds):
         for mode in speeds:
             out = subprocess.run([sys.executable, __file__, CHILD, args.recipe, args.arms, str(args.steps), mode], env=env,
                                  check=True, capture_output=True, text=True).stdout
             result = json.loads(out.splitlines()[-1])
             speeds[mode].append(result["steps_per_s"])
-            print(f"{mode:6s} {result['cpu_capability']:6s} MKL_CBWR={result['mkl_cbwr']} {result['threads']} thread(s): {result['steps_per_s']:.2f} steps/s")
-    pinned, native = statistics.median(speeds["pinned"]), statistics.median(speeds["native"])
-    print(f"median steps/s (arms {args.arms}): pinned {pinned:.2f}, native {native:.2f}: pinned/native {pinned / native:.2f}x")
+            print(f"{mode:10s} {result['cpu_capability']:6s} MKL_CBWR={result['mkl_cbwr']} {result['threads']} thread(s): {result['steps_per_s']:.2f} steps/s")
+    pinned, compatible, native = (statistics.median(speeds[mode]) for mode in MODES)
+    print(f"median steps/s (arms {args.arms}): pinned {pinned:.2f}, compatible {compatible:.2f}, native {native:.2f}: "
+          f"pinned/native {pinned / native:.2f}x, compatible/pinned {compatible / pinned:.2f}x")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == [CHILD]:
-        child(sys.argv[2], sys.argv[3].split(","), int(sys.argv[4]), sys.argv[5] == "pinned")
+        child(sys.argv[2], sys.argv[3].split(","), int(sys.argv[4]), sys.argv[5])
     else:
         main()

@@ -333,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         for group in groups:
             for model in group["models"]:
                 run_model(model, group, tmp, args, runs)
-        setting = f"lm: {args.lm_limit} windows of 256 tokens per cell (script default 32); bb: {args.bb_limit} sequences per cell"
+        sizes = {"lm": f"lm: {args.lm_limit} windows of 256 tokens per cell (script default 32)", "bb": f"bb: {args.bb_limit} sequences per cell"}
+        setting = "; ".join(sizes[g["name"]] for g in groups)
         manifest = {"quantdiff_version": __version__, "command": command, "blocks": args.blocks, "bits": args.bits, "keep_first": args.keep_first,
                     "calibration_tokens": args.calibration_tokens, "setting": setting, "groups": groups, "runs": runs,
                     "wall_s": time.perf_counter() - start, "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"}

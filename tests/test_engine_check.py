@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from benchmarks.engine_check import TokenScores, _from_logprob_rows, compare, engine_scores, quantdiff_scores
+from benchmarks.engine_check import TokenScores, _from_logprob_rows, compare, engine_scores, failure_line, quantdiff_scores
 
 
 def test_compare_on_hand_computed_scores():
@@ -31,6 +31,21 @@ def test_scores_from_logits_match_cross_entropy_and_argmax():
 def test_windows_of_other_lengths_are_one_line():
     with pytest.raises(ValueError, match=r"^the engine scored windows of \[1\] positions, quantdiff \[2\]$"):
         compare(TokenScores([[-1.0, -1.0]], [[0, 0]]), TokenScores([[-1.0]], [[0]]))
+
+
+def test_a_failed_engine_run_reports_its_exception_not_the_shutdown_noise_after_it():
+    stderr = """Traceback (most recent call last):
+  File "x.py", line 1, in <module>
+    raise RuntimeError("outer")
+(EngineCore pid=7) ValueError: shape '[30, 32, 4, 128]' is invalid for input of size 552960
+RuntimeError: Engine core initialization failed. See root cause above.
+/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: leaked semaphores
+  warnings.warn('resource_tracker: There appear to be %d '
+
+"""
+    assert failure_line(stderr, 1) == "RuntimeError: Engine core initialization failed. See root cause above."
+    assert failure_line(stderr.split("RuntimeError: Engine")[0], 1).startswith("(EngineCore pid=7) ValueError: shape")
+    assert failure_line("just a line\n", 3) == "just a line" and failure_line("", 3) == "exit 3"
 
 
 @pytest.mark.slow

@@ -229,6 +229,7 @@ def write_report(out: Path) -> None:
     from quantdiff.report.markdown import md_table
 
     manifest = json.loads((out / "manifest.json").read_text())
+    (out / "commands.txt").write_text("".join(run["command"] + "\n" for run in manifest["runs"]))  # every group's, kept ones too
     summary = summarize(out, manifest)
     write_json(out / "summary.json", {"schema": "quantdiff.kv-sinks", **summary}, indent=1, force=True)
     parts = ["# Sink-aware KV-cache quantization: uniform KIVI against sink protection at the same bits\n",
@@ -292,9 +293,9 @@ def copy_kept(out: Path, tmp: Path, kept: dict | None) -> None:
     """The kept groups' runs and plans, copied into the new report directory."""
     import shutil
 
+    (tmp / "runs").mkdir(exist_ok=True)
     for group in (kept or {}).get("groups", []):
         for model in group["models"]:
-            (tmp / "runs").mkdir(exist_ok=True)
             shutil.copy2(out / model["json"], tmp / model["json"])
             shutil.copytree(out / "plans" / slug(model["name"]), tmp / "plans" / slug(model["name"]))
 
@@ -329,7 +330,6 @@ def main(argv: list[str] | None = None) -> int:
     command = "python scripts/kv_sinks.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     with atomic_dir(args.out, force=args.force or args.update, kind="report", sources=sources) as tmp:
         copy_kept(args.out, tmp, kept)
-        (tmp / "runs").mkdir(exist_ok=True)
         for group in groups:
             for model in group["models"]:
                 run_model(model, group, tmp, args, runs)
@@ -341,7 +341,6 @@ def main(argv: list[str] | None = None) -> int:
         if kept:
             manifest = merged_manifest(kept, manifest)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        (tmp / "commands.txt").write_text("".join(run["command"] + "\n" for run in runs))
         write_report(tmp)
     print(f"report -> {args.out / 'report.md'}")
     return 0

@@ -7,8 +7,14 @@
    peak RSS on CPU, torch.cuda.max_memory_allocated on CUDA). A case whose untiled T×T logits alone would
    exceed half the memory is skipped and reported as such.
 4. Statistic update throughput vs torch.ao.quantization.HistogramObserver on the same tensors.
+5. SmolLM2 (CPU): in one process, the stats pass (`collect`) vs an eager and an SDPA forward of the same batches
+   (interleaved, median); then whole processes, interleaved rounds, median time and peak RSS: `quantdiff stats`,
+   an SDPA and an eager forward (load + forward), and the capture-everything method (every layer's pre-softmax
+   logits and hidden states kept from an eager forward, then torch.topk and median per layer, as research
+   scripts do it).
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/stats_bench.py [--device cuda] [--quick]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/stats_bench.py --sections 5 --real-sizes 2x512 4x1024
 """
 
 from __future__ import annotations
@@ -160,6 +166,115 @@ def observer_throughput(args, device: torch.device) -> None:
           "(AbsStats also keeps top-100 with locations, moments and non-finite counts)")
 
 
+def real_batches(b: int, t: int) -> tuple:
+    """SmolLM2's directory and the batches `quantdiff stats smollm2 --tokens b·t --seq-len t --batch-size b` sees."""
+    from quantdiff.jobs.stats import StatsOptions, plan
+
+    model = plan(StatsOptions(models=("smollm2",), tokens=b * t, seq_len=t, batch_size=b))[0]
+    return model.path, model.batches
+
+
+def plain_model(path, attn: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn, local_files_only=True).eval()
+
+
+def forward_all(model, batches, **kwargs) -> list:
+    with torch.inference_mode():
+        return [model.base_model(input_ids=b.input_ids, attention_mask=b.attention_mask, use_cache=False, **kwargs) for b in batches]
+
+
+CAPTURED: list[torch.Tensor] = []
+
+
+def capturing_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Eager attention that keeps every layer's pre-softmax logits (B, H, T, T)."""
+    from transformers.models.llama.modeling_llama import repeat_kv as hf_repeat_kv
+
+    n_rep = query.shape[1] // key.shape[1]
+    key, value = hf_repeat_kv(key, n_rep), hf_repeat_kv(value, n_rep)
+    logits = torch.matmul(query, key.transpose(2, 3)) * scaling
+    CAPTURED.append(logits)
+    weights = torch.softmax(logits + attention_mask, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def capture_everything(path, batches, k: int = 100) -> None:
+    """The peer method: keep everything, then exact top-k and median of |logits| and |hidden states| per layer."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register("capture", capturing_attention)
+    AttentionMaskInterface.register("capture", eager_mask)
+    outputs = forward_all(plain_model(path, "capture"), batches, output_hidden_states=True)
+    layers = len(outputs[0].hidden_states) - 1
+    for layer in range(layers):
+        logits = [CAPTURED[i * layers + layer] for i in range(len(batches))]
+        values = torch.cat([x.abs()[..., torch.ones(x.shape[-2:], dtype=torch.bool).tril()].flatten() for x in logits])
+        hidden = torch.cat([out.hidden_states[layer + 1].abs().flatten() for out in outputs])
+        for v in (values, hidden):
+            v.topk(k), v.median()
+
+
+def real_pass(b: int, t: int, repeats: int) -> dict:
+    """In one process: median seconds of the stats pass and of eager and SDPA forwards of the same batches."""
+    from quantdiff.quant.checkpoint import load
+    from quantdiff.stats.collect import collect
+
+    path, batches = real_batches(b, t)
+    model = load(path, device="cpu")
+
+    def forward(attn: str) -> None:
+        model.set_attn_implementation(attn)
+        forward_all(model, batches)
+        model.set_attn_implementation("quantdiff")
+
+    return timed({"eager": lambda: forward("eager"), "sdpa": lambda: forward("sdpa"), "stats": lambda: collect(model, batches)},
+                 torch.device("cpu"), repeats)
+
+
+def real_process(method: str, b: int, t: int) -> None:
+    """One whole process of `method` (its time is measured by the parent; it reports its peak RSS)."""
+    if method == "stats":
+        import tempfile
+
+        from quantdiff.cli.app import main as quantdiff_main
+
+        with tempfile.TemporaryDirectory() as scratch:
+            quantdiff_main(["stats", "smollm2", "--tokens", str(b * t), "--seq-len", str(t), "--batch-size", str(b),
+                            "--quiet", "--json", f"{scratch}/stats.json"])
+    else:
+        path, batches = real_batches(b, t)
+        if method == "capture":
+            capture_everything(path, batches)
+        else:
+            forward_all(plain_model(path, method), batches)
+    print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+def real_model(args, device: torch.device) -> None:
+    methods = ("sdpa", "eager", "capture", "stats")
+    for size in args.real_sizes:
+        b, t = (int(v) for v in size.split("x"))
+        cmd = [sys.executable, __file__, "--real-pass", str(b), str(t), "--repeats", str(args.repeats)]
+        times = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+        print(f"## 5. SmolLM2 {b} × {t}, CPU, {torch.get_num_threads()} threads: in one process, median of {args.repeats}: "
+              f"eager {times['eager']:.2f} s, sdpa {times['sdpa']:.2f} s, stats pass {times['stats']:.2f} s = "
+              f"**{times['stats'] / times['eager']:.2f}× eager**, {times['stats'] / times['sdpa']:.2f}× sdpa")
+        runs = {m: [] for m in methods}
+        for _ in range(args.real_rounds):
+            for method in methods:
+                start = time.perf_counter()
+                done = subprocess.run([sys.executable, __file__, "--real-process", method, str(b), str(t)], capture_output=True, text=True, check=True)
+                runs[method].append((time.perf_counter() - start, json.loads(done.stdout.strip().splitlines()[-1])["peak_rss"]))
+        med = {m: (statistics.median(s for s, _ in r), max(p for _, p in r)) for m, r in runs.items()}
+        print(f"whole processes, median of {args.real_rounds} interleaved rounds (peak RSS: the largest):")
+        for method, (seconds, peak) in med.items():
+            print(f"  {method:8s} {seconds:7.1f} s  {peak / 2**30:5.2f} GiB  time vs capture {seconds / med['capture'][0]:.2f}×  "
+                  f"memory vs capture {peak / med['capture'][1]:.2f}×")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -175,15 +290,26 @@ def main() -> None:
     parser.add_argument("--sections", default="1234", help="which sections to run, e.g. 13")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fused per-element statistics via torch.compile (default: on CUDA only)")
+    parser.add_argument("--real-sizes", nargs="+", default=["2x512", "4x1024"], help="section 5: batch × tokens")
+    parser.add_argument("--real-rounds", type=int, default=3, help="section 5: interleaved rounds of whole processes")
     parser.add_argument("--memory-case", type=int, nargs=2, metavar=("T", "TILE"), help=argparse.SUPPRESS)
+    parser.add_argument("--real-pass", type=int, nargs=2, metavar=("B", "T"), help=argparse.SUPPRESS)
+    parser.add_argument("--real-process", nargs=3, metavar=("METHOD", "B", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = torch.device(args.device)
     if args.memory_case:
         t, tile = args.memory_case
         print(json.dumps(memory_case(t, tile or None, device)))
         return
+    if args.real_pass:
+        print(json.dumps(real_pass(*args.real_pass, args.repeats)))
+        return
+    if args.real_process:
+        method, b, t = args.real_process
+        real_process(method, int(b), int(t))
+        return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}")
-    sections = {"1": throughput, "2": median_accuracy, "3": memory, "4": observer_throughput}
+    sections = {"1": throughput, "2": median_accuracy, "3": memory, "4": observer_throughput, "5": real_model}
     for key in args.sections:
         sections[key](args, device)
 

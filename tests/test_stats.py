@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from quantdiff.stats.absstats import AbsStats
 from quantdiff.stats.channels import ChannelStats
 from quantdiff.stats.massive import massive_activation
-from quantdiff.stats.histogram import N_BINS, QUANTILE_RELATIVE_ERROR, bin_codes, histogram_index, quantile_values
+from quantdiff.stats.histogram import N_BINS, QUANTILE_RELATIVE_ERROR, bin_index, quantile_values
 from quantdiff.stats.model_stats import ModelStats
 from quantdiff.stats.tile import fused_tile, tile_summary
+from quantdiff.stats.topk import CHUNKS_PER_K, kth_lower_bound
 from quantdiff.stats.workspace import Workspace
 
 LOC = ("row", "group", "flat")
@@ -70,6 +71,25 @@ def test_topk_quantiles_moments_match_naive(splits):
         assert summary["mean"] == pytest.approx(mean, rel=1e-5, abs=1e-6)
         assert summary["std"] == pytest.approx(std, rel=1e-5)
         assert summary["kurtosis"] == pytest.approx(kurt, rel=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["spread", "one_block", "ties"])
+def test_rows_long_enough_for_the_chunked_kth_bound_give_the_naive_topk(layout):
+    """Rows of ≥ 2·CHUNKS_PER_K·k entries take `kth_lower_bound`: a bound at most each row's k-th value, and the
+    top-k as exact as a full sort, also when the largest values share one chunk or tie."""
+    k = 6
+    x = _heavy_tailed((3, 2, 2 * CHUNKS_PER_K * k + 37), seed=5)
+    if layout == "one_block":
+        x[:, :, 100:100 + 3 * k] *= 1000.0  # every large value in one or two chunks
+    elif layout == "ties":
+        x = x.round().clamp(-3, 3)
+    valid = torch.rand(3, 1, x.shape[-1], generator=torch.Generator().manual_seed(6)) > 0.3
+    a = x.abs() * valid
+    assert bool((kth_lower_bound(a, k) <= a.topk(k, dim=-1).values[..., -1:]).all())
+    stats = _fill(AbsStats.empty(2, k, LOC), x, valid, (1,))
+    for g in range(2):
+        ref = _reference_entries(x, valid, g)[:k]
+        assert [(e["value"], e["row"], e["flat"]) for e in stats.pooled([g]).summary()["topk"]] == ref
 
 
 def test_ties_resolve_by_location_whatever_the_split():
@@ -257,7 +277,7 @@ def test_fused_tile_is_the_same_math_as_the_workspace_path():
     a, row_sums, index = fused_tile(x, valid.float(), offsets)
     ref_a, ref_sums, *_ = tile_summary(x, valid, Workspace())
     assert torch.equal(a, ref_a)
-    assert torch.equal(index, histogram_index(bin_codes(ref_a.clone())))
+    assert torch.equal(index, bin_index(ref_a))
     assert torch.allclose(row_sums.double().sum(dim=0), ref_sums, rtol=1e-5)
 
 

@@ -58,6 +58,19 @@ class TileContext:
     softcap: float | None = None
     sinks: torch.Tensor | None = None  # (H,) float32
     bias: torch.Tensor | None = None  # additive float mask values of the tile (Doge's dynamic mask), added last
+    rows: SoftmaxRows | None = None  # the call's online-softmax state: final once the call returns
+
+
+@dataclass
+class SoftmaxRows:
+    """Per query row of one attention call, (B, H, T, 1) float32, as the model's softmax computes them (after any
+    logits quantizer): the max and the sum of exp(x − max) over the valid keys (and a sink logit, if any), and the
+    softmax input at key 0 (−∞ where a row cannot see it). Written in place tile by tile, so an observer that
+    keeps it from a tile hook reads the final values once the call returns, instead of recomputing softmax."""
+
+    max: torch.Tensor
+    sum: torch.Tensor
+    first_key: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -288,7 +301,8 @@ def _tiled_attention(
 
     def logits_of(k_start: int, k_stop: int, q_first: int) -> tuple[torch.Tensor, torch.Tensor]:
         q = query[:, :, q_first:]
-        logits = torch.matmul(q, key[:, :, k_start:k_stop].transpose(2, 3)).float() * args.scaling  # (B, H, rows, cols)
+        # (B, H, rows, cols); scaled in place: the matmul's (or .float()'s) fresh tensor, nobody else holds it yet
+        logits = torch.matmul(q, key[:, :, k_start:k_stop].transpose(2, 3)).float().mul_(args.scaling)
         valid = _valid_mask(mask, q_pos_all[q_first:], q_first, k_start, k_stop, args.sliding_window)
         return logits, valid
 
@@ -306,7 +320,12 @@ def _tiled_attention(
     else:
         m = sinks.view(1, h, 1, 1).expand(b, h, t, 1).clone()
         l = torch.ones(b, h, t, 1, device=device)
+    rows = SoftmaxRows(m, l, torch.empty(b, h, t, 1, device=device))
     acc = torch.zeros(b, h, t, value.shape[-1], device=device)
+    # The masked softmax input, then its exponentials, live in one buffer per call: the hooks' tile stays as they
+    # saw it, and no tile-sized tensor is allocated per tile (on CPU fresh pages cost more than the arithmetic).
+    scratch = torch.empty(b * h * t * min(tile, s), device=device)
+    negative_infinity = torch.tensor(-math.inf, device=device)
     for k_start, k_stop, q_first in tiles:
         logits, valid = reuse if reuse is not None else logits_of(k_start, k_stop, q_first)
         ctx = TileContext(
@@ -321,12 +340,16 @@ def _tiled_attention(
             softcap=args.softcap,
             sinks=sinks,
             bias=None if bias is None else bias[:, :, q_first:, k_start:k_stop],
+            rows=rows,
         )
-        logits = softmax_input(call_tap(logits, ctx), ctx).masked_fill(~valid, -math.inf)  # taps see QKᵀ·scaling before capping
+        x = softmax_input(call_tap(logits, ctx), ctx)  # taps see QKᵀ·scaling before capping
+        p = torch.where(valid, x, negative_infinity, out=scratch[: x.numel()].view(x.shape))  # (B, H, rows, cols)
+        if k_start == 0:  # covers every row
+            rows.first_key.copy_(p[..., :1])
         m_old = m[:, :, q_first:]
-        m_new = torch.maximum(m_old, logits.amax(dim=-1, keepdim=True))
+        m_new = torch.maximum(m_old, p.amax(dim=-1, keepdim=True))
         safe_m = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with nothing valid yet
-        p = torch.exp(logits - safe_m)  # (B, H, rows, cols)
+        torch.sub(p, safe_m, out=p).exp_()
         correction = torch.exp(m_old - safe_m)
         l[:, :, q_first:] = l[:, :, q_first:] * correction + p.sum(dim=-1, keepdim=True)
         acc[:, :, q_first:] = acc[:, :, q_first:] * correction + torch.matmul(p, value[:, :, k_start:k_stop].float())

@@ -11,7 +11,7 @@ import logging
 import re
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
@@ -171,10 +171,10 @@ def check_before_allocating(path: Path, config, dtype: torch.dtype | None, budge
             )
         return  # quantized storage: its packing decides dtypes and sizes (transformers' quantizer checks them)
     model = skeleton(config, trust_remote_code)
-    buffers = {name for name, _ in model.named_buffers()}
-    check_float_dtypes(tensors, path, tolerated={n for n in tensors if n in buffers or _computed_buffer(model, n)})
+    computed = _computed_buffers(model)
+    check_float_dtypes(tensors, path, tolerated={n for n in tensors if computed(n)})
     names = set(model.state_dict(keep_vars=True))
-    if all(n in names or _computed_buffer(model, n) for n in tensors):  # stored under the in-memory names
+    if all(n in names or computed(n) for n in tensors):  # stored under the in-memory names
         check_tensors(model, {n: t.shape for n, t in tensors.items()}, path)
     # Otherwise transformers converts the names (e.g. per-expert tensors fused) and its loading report names any
     # problem after loading; here a config describing far more values than are stored is refused unallocated.
@@ -270,14 +270,14 @@ def _tied_groups(model: torch.nn.Module) -> dict[str, set[str]]:
     return groups
 
 
-def _computed_buffer(model: torch.nn.Module, key: str) -> bool:
-    """A stored copy of a buffer the model computes itself (older checkpoints saved rotary inv_freq per layer,
-    and position_ids), or a key the architecture declares ignorable: harmless to leave unread."""
-    buffers = [name for name, _ in model.named_buffers()]
-    if key in buffers or any(key.endswith(s) and any(b.endswith(s) for b in buffers) for s in ("rotary_emb.inv_freq", "position_ids")):
-        return True
+def _computed_buffers(model: torch.nn.Module) -> Callable[[str], bool]:
+    """Whether a key is a stored copy of a buffer the model computes itself (older checkpoints saved rotary
+    inv_freq per layer, and position_ids), or a key the architecture declares ignorable: harmless to leave
+    unread. The model's buffers are listed once, not once per key (a module walk per stored tensor)."""
+    buffers = {name for name, _ in model.named_buffers()}
+    suffixes = [s for s in ("rotary_emb.inv_freq", "position_ids") if any(b.endswith(s) for b in buffers)]
     patterns = getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()
-    return any(re.search(pattern, key) for pattern in patterns)
+    return lambda key: key in buffers or any(key.endswith(s) for s in suffixes) or any(re.search(pattern, key) for pattern in patterns)
 
 
 def check_tensors(model: torch.nn.Module, stored: dict[str, tuple[int, ...]], where: str | Path) -> None:
@@ -288,7 +288,8 @@ def check_tensors(model: torch.nn.Module, stored: dict[str, tuple[int, ...]], wh
     expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
     groups = _tied_groups(model)
     missing = [k for k in expected if not any(name in stored for name in groups.get(k, {k}))]
-    unexpected = [k for k in stored if k not in expected and not _computed_buffer(model, k)]
+    computed = _computed_buffers(model)
+    unexpected = [k for k in stored if k not in expected and not computed(k)]
     wrong = [f"{k} {list(stored[k])} (model: {list(expected[k])})" for k in stored if k in expected and stored[k] != expected[k]]
     _refuse(where, type(model).__name__, missing=missing, unexpected=unexpected, wrong=wrong)
 

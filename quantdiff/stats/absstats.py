@@ -82,19 +82,19 @@ class AbsStats:
         n_rows, n_groups, m = x.shape
         groups = slice(group_start, group_start + n_groups)
         tile = summarize(x, valid, self._workspace, self.fused)
-        a_top, threshold = self.top.candidates(tile.a, valid, group_start)
-        any_candidate, all_finite = torch.stack([self.top.reaches(a_top, threshold), tile.finite]).tolist()  # the tile's one device sync
+        threshold, observed = self.top.candidates(tile.a, valid, group_start)
+        any_candidate, all_finite = torch.stack([self.top.reaches(tile.a, threshold), tile.finite]).tolist()  # the tile's one device sync
         if not all_finite:  # rare: NaN/Inf present (or x⁴ overflows float32) → exact float64 path
             seen = torch.ones_like(x, dtype=torch.bool) if valid is None else valid.expand_as(x)
             self.moments.add_nonfinite(groups, x, seen)
             valid = torch.isfinite(x) & seen
             tile = exact_summary(x, valid)
-            a_top, threshold = self.top.candidates(tile.a, valid, group_start)
+            threshold, observed = self.top.candidates(tile.a, valid, group_start)
             any_candidate = True
         self.moments.add(groups, tile.n_valid, tile.sums)
         self.histogram.add(groups, tile.histogram_index(self._workspace), n_rows * m - tile.n_valid)
         if any_candidate:
-            self.top.take(a_top, threshold, group_start, locate)
+            self.top.take(tile.a, threshold, observed, group_start, locate)
 
     def merge(self, other: AbsStats) -> AbsStats:
         """Add `other` (same groups, k and location names) into self, exactly; returns self."""

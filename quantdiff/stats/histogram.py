@@ -23,10 +23,12 @@ N_BINS = HI - LO + 2  # column 0: [0, 2**MIN_EXP); columns 1 … HI-LO: log bins
 HIST_LANES_CUDA = 32  # private histogram copies on CUDA: atomics on the few bins holding the bulk serialise
 
 
-def bin_codes(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Histogram column of each |x| in `a` (float32 ≥ 0): the float bits >> SHIFT are monotone in |x|."""
+def bin_index(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(A, g, M) |x| (float32 ≥ 0) -> flat indices into (lanes, g, N_BINS) counts: the histogram column (the float
+    bits >> SHIFT are monotone in |x|) plus the group's (and lane's) offset, added in one pass."""
+    n_rows, n_groups, m = a.shape
     codes = torch.bitwise_right_shift(a.view(torch.int32), SHIFT, out=out)
-    return codes.clamp_(LO - 1, HI).sub_(LO - 1)
+    return codes.clamp_(LO - 1, HI).add_(index_offsets(n_groups, m, a.device) - (LO - 1))
 
 
 @lru_cache(maxsize=1)
@@ -49,12 +51,6 @@ def index_offsets(n_groups: int, m: int, device: torch.device) -> torch.Tensor:
     if lanes > 1:
         offsets = offsets + (torch.arange(m, dtype=torch.int32, device=device) % lanes).view(1, 1, -1) * (n_groups * N_BINS)
     return offsets
-
-
-def histogram_index(codes: torch.Tensor) -> torch.Tensor:
-    """(A, g, M) histogram columns -> flat indices into (lanes, g, N_BINS) counts (in place)."""
-    n_rows, n_groups, m = codes.shape
-    return codes.add_(index_offsets(n_groups, m, codes.device))
 
 
 def count_bins(index: torch.Tensor, n_groups: int) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """Attention sinks: how much attention each head puts on the first position, measured tile by tile.
 
-For every query row the observer keeps the running max and sum of exp(x − max) over the valid keys, x the softmax
-input (the logit, soft-capped and with any additive mask, as the model's softmax sees it), with a model's sink
-logit per head (GPT-OSS, the sink kind) counted in every row (the online-softmax state, so the T×T map is never
-built), and the softmax input at key position 0 (−∞ for a row that cannot see it: a sliding window, padding);
-once all tiles of a layer are seen, the attention mass on position 0 is exp(x0 − m) / s: the true probability,
+For every query row the attention backend's online softmax holds the max and sum of exp(x − max) over the valid
+keys, x the softmax input (the logit, soft-capped and with any additive mask, as the model's softmax sees it), with
+a model's sink logit per head (GPT-OSS, the sink kind) counted in every row, and the softmax input at key
+position 0 (−∞ for a row that cannot see it: a sliding window, padding); the observer keeps that state
+(`backend.SoftmaxRows`, so the T×T map is never built and softmax is not computed twice), and once a layer's
+call has returned, the attention mass on position 0 is exp(x0 − m) / s: the true probability,
 the sink's share left out of it as the model leaves it out of its output. Per (layer, head) it
 accumulates the sum of that mass over valid query rows (padding excluded), in fixed point (units of 2⁻³²,
 int64), and their count: integer sums merge exactly in any order, across batches and processes.
@@ -19,12 +20,11 @@ Table 3 combines attention scores, (A1 − λ·A2) / (1 − λ); the score then 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
-from quantdiff.attention.backend import TileContext, softmax_input
+from quantdiff.attention.backend import SoftmaxRows, TileContext
 from quantdiff.core.errors import ConfigError
 from quantdiff.models.structure import map_heads
 
@@ -42,7 +42,7 @@ class SinkStats:
     pairing: str | None = None  # how heads pair into maps (models.structure.map_heads); None: standard attention
     # λ per token (DIFF V2): (layers, heads / 2) int64 sums of each valid row's combined mass, fixed point
     combined_mass: torch.Tensor | None = None
-    _rows: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)  # layer -> (m, s, l0)
+    _rows: dict[int, SoftmaxRows] = field(default_factory=dict, repr=False)  # layer -> its call's softmax rows
     _lambda: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # layer -> λ (B, T, heads / 2)
 
     @classmethod
@@ -59,33 +59,18 @@ class SinkStats:
         self._lambda[layer] = lam
 
     def on_tile(self, logits: torch.Tensor, ctx: TileContext) -> None:
-        """Fold one logits tile (B, H, rows, cols) into the running row state of its layer.
-
-        The state is that of the softmax the model computes: over the tile as it enters softmax (soft-capped, plus
-        any additive mask), and with a sink logit per head (`ctx.sinks`: GPT-OSS, the sink kind) in every row's
-        sum from the start, so a row's masses on the keys add up to 1 − its sink's mass."""
-        b, h, rows, _ = logits.shape
-        masked = softmax_input(logits.float(), ctx).masked_fill(~ctx.valid, -math.inf)  # the one tile-sized copy
-        if ctx.k_start == 0:  # the first tile of a layer's call: every query row starts here (q_start = 0)
-            full = (b, h, rows)
-            if ctx.sinks is None:
-                m, s = torch.full(full, -math.inf, device=logits.device), torch.zeros(full, device=logits.device)
-            else:  # the sink is one more logit of every row: the running max starts at it, the sum at exp(0)
-                m, s = ctx.sinks.to(logits.device).view(1, h, 1).expand(full).clone(), torch.ones(full, device=logits.device)
-            # a row that cannot see key 0 (a sliding window, left padding) has −∞ there: no mass
-            self._rows[ctx.layer_idx] = (m, s, masked[..., 0].clone())
-        m, s, _ = self._rows[ctx.layer_idx]
-        q = slice(ctx.q_start, ctx.q_start + rows)
-        m_new = torch.maximum(m[:, :, q], masked.amax(dim=-1))
-        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        tile_sum = masked.sub_(safe[..., None]).exp_().sum(dim=-1)  # fresh tile-sized tensors cost more than the exp
-        s[:, :, q] = s[:, :, q] * torch.exp(m[:, :, q] - safe) + tile_sum
-        m[:, :, q] = m_new
+        """Keep the row state of the softmax the model computes (`ctx.rows`, final once the call returns): over the
+        tiles as they enter softmax (soft-capped, plus any additive mask), and with a sink logit per head
+        (GPT-OSS, the sink kind) in every row's sum from the start, so a row's masses on the keys add up to
+        1 − its sink's mass."""
+        if ctx.k_start == 0:  # the first tile of a layer's call; the backend writes the state in place
+            self._rows[ctx.layer_idx] = ctx.rows
 
     def end_batch(self, row_mask: torch.Tensor | None) -> None:
         """Turn each layer's row state into first-position mass; `row_mask` (B, T) bool marks real tokens."""
-        for layer, (m, s, l0) in self._rows.items():
-            mass = torch.exp(l0 - m) / s.clamp_min(torch.finfo(torch.float32).tiny)  # (B, H, T)
+        for layer, rows in self._rows.items():
+            m, s, l0 = rows.max[..., 0], rows.sum[..., 0], rows.first_key[..., 0]  # (B, H, T)
+            mass = torch.exp(l0 - m) / s.clamp_min(torch.finfo(torch.float32).tiny)
             keep = torch.isfinite(m) if row_mask is None else torch.isfinite(m) & row_mask.bool()[:, None, :]
             batch_mass = torch.where(keep, mass, torch.zeros_like(mass)).double().sum(dim=(0, 2))
             self.mass[layer] += (batch_mass * FIXED_POINT).round().to(torch.int64).cpu()

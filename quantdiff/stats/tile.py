@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from quantdiff.stats.histogram import HI, LO, SHIFT, bin_codes, histogram_index, index_offsets
+from quantdiff.stats.histogram import HI, LO, SHIFT, bin_index, index_offsets
 from quantdiff.stats.workspace import Workspace
 
 
@@ -25,7 +25,7 @@ class TileSummary(NamedTuple):
     def histogram_index(self, workspace: Workspace) -> torch.Tensor:
         if self.index is not None:
             return self.index
-        return histogram_index(bin_codes(self.a, workspace.get("codes", self.a.shape, torch.int32, self.a.device)))
+        return bin_index(self.a, workspace.get("codes", self.a.shape, torch.int32, self.a.device))
 
 
 def summarize(x: torch.Tensor, valid: torch.Tensor | None, workspace: Workspace, fused: bool) -> TileSummary:
@@ -67,7 +67,7 @@ def fused_tile(x: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor) ->
 
     x (A, g, M) float32, weights (A|1, 1|g, M) 0/1 float32, offsets (1, g, 1|M) int32 histogram offsets
     -> (|x| zeroed where unobserved, (A, g, 4) float32 power sums per row, flat histogram indices).
-    Same math as `tile_summary` + `bin_codes` + `histogram_index`, which reuse buffers instead (CPU eager).
+    Same math as `tile_summary` + `bin_index`, which reuse buffers instead (CPU eager).
     """
     a = x.abs() * weights
     x2 = a * a

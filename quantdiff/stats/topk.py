@@ -14,6 +14,7 @@ import torch
 from quantdiff.stats.workspace import Workspace
 
 EMPTY = -1.0  # slot not filled yet (|x| ≥ 0)
+CHUNKS_PER_K = 32  # chunks per top-k slot in `kth_lower_bound`: on SmolLM2 ~2.5× k candidates per row pass it
 
 # locate(a, g, m) -> (n, L) int64 locations of tile entries x[a, g, m] (g relative to the tile's first group)
 Locate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -45,6 +46,20 @@ def select_top(
     out_v[groups, slot] = values[perm]
     out_l[groups, slot] = locations[perm]
     return out_v[:, :k].contiguous(), out_l[:, :k].contiguous()
+
+
+def kth_lower_bound(a: torch.Tensor, k: int) -> torch.Tensor:
+    """(A, g, 1) at most the k-th largest value of each row of a (A, g, M) (its smallest when M < k).
+
+    The rows are cut into CHUNKS_PER_K·k chunks: the chunks' k largest maxima are k entries of the row, so the
+    k-th of them is a lower bound, from one pass of amax instead of a top-k over the whole row.
+    """
+    m = a.shape[-1]
+    chunks = CHUNKS_PER_K * k
+    if m < 2 * chunks:  # small rows: their exact k-th value costs little
+        return a.topk(min(k, m), dim=-1).values[..., -1:]
+    maxima = a[..., : m - m % chunks].view(*a.shape[:-1], chunks, -1).amax(dim=-1)  # the tail is left out: still a bound
+    return maxima.topk(k, dim=-1).values[..., -1:]
 
 
 class LocatedTopK:
@@ -83,12 +98,12 @@ class LocatedTopK:
             if pending:
                 self._merge(*(torch.cat(parts) for parts in zip(*pending)))
 
-    def candidates(self, a: torch.Tensor, valid: torch.Tensor | None, group_start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(values, (1, g, 1) threshold) of a tile a (A, g, M): entries ≥ their group's current k-th value (ties
+    def candidates(self, a: torch.Tensor, valid: torch.Tensor | None, group_start: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """((1, g, 1) threshold, observed) for a tile a (A, g, M): entries ≥ their group's current k-th value (ties
         included) may enter the top k; selecting among them keeps the top k exact.
 
         Unobserved entries of `a` are 0: harmless once every k-th value is positive (the usual case after the
-        first tile); until then they are masked out explicitly.
+        first tile); until then `observed` (the valid mask, else None) must hold too.
         """
         n_groups = a.shape[1]
         threshold = self.values[group_start : group_start + n_groups, self.k - 1].view(1, -1, 1)
@@ -96,9 +111,8 @@ class LocatedTopK:
             positive = (threshold > 0).view(-1).tolist()
             self._positive_kth[group_start : group_start + n_groups] = positive
             if not all(positive):
-                threshold = threshold.clamp(min=0.0)
-                a = a if valid is None else a.masked_fill(~valid, EMPTY)
-        return a, threshold
+                return threshold.clamp(min=0.0), valid
+        return threshold, None
 
     @staticmethod
     def reaches(a: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
@@ -106,14 +120,17 @@ class LocatedTopK:
         is below its group's k-th value adds nothing: the common case once statistics have filled."""
         return (a.amax(dim=-1, keepdim=True) >= threshold).any()
 
-    def take(self, a: torch.Tensor, threshold: torch.Tensor, group_start: int, locate: Locate | None) -> None:
-        """Merge the entries of `a` reaching `threshold` (from `candidates`), located by `locate`; None records
-        (row, group_start + g, flat) when there are three location names."""
+    def take(self, a: torch.Tensor, threshold: torch.Tensor, observed: torch.Tensor | None, group_start: int, locate: Locate | None) -> None:
+        """Merge the entries of `a` reaching `threshold` (and `observed`, from `candidates`), located by `locate`;
+        None records (row, group_start + g, flat) when there are three location names."""
         n_rows, n_groups, m = a.shape
         mask = torch.ge(a, threshold, out=self._workspace.get("mask", a.shape, torch.bool, a.device))
         if int(torch.count_nonzero(mask)) > self.k * n_rows * n_groups:  # early on nearly everything passes
-            kth = a.topk(min(self.k, m), dim=-1).values[..., -1:]  # (A, g, 1)
-            mask = a >= torch.maximum(threshold, kth)  # an entry of the top k of a union is in the top k of its row
+            # an entry of the top k of a union is in the top k of its row, so a lower bound of each row's k-th
+            # value keeps every entry that can enter (a few times k of them): no full top-k of the row needed
+            torch.ge(a, torch.maximum(threshold, kth_lower_bound(a, self.k)), out=mask)
+        if observed is not None:  # in place: no tile-sized copy of `a` with unobserved entries pushed below 0
+            mask &= observed
         rows, cols, flat = mask.nonzero(as_tuple=True)
         if rows.numel() == 0:
             return

@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -166,7 +167,7 @@ def observer_throughput(args, device: torch.device) -> None:
           "(AbsStats also keeps top-100 with locations, moments and non-finite counts)")
 
 
-def real_batches(b: int, t: int) -> tuple:
+def real_batches(b: int, t: int) -> tuple[Path, list[Batch]]:
     """SmolLM2's directory and the batches `quantdiff stats smollm2 --tokens b·t --seq-len t --batch-size b` sees."""
     from quantdiff.jobs.stats import StatsOptions, plan
 
@@ -174,13 +175,13 @@ def real_batches(b: int, t: int) -> tuple:
     return model.path, model.batches
 
 
-def plain_model(path, attn: str):
+def plain_model(path: Path, attn: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn, local_files_only=True).eval()
 
 
-def forward_all(model, batches, **kwargs) -> list:
+def forward_all(model: torch.nn.Module, batches: list[Batch], **kwargs) -> list:
     with torch.inference_mode():
         return [model.base_model(input_ids=b.input_ids, attention_mask=b.attention_mask, use_cache=False, **kwargs) for b in batches]
 
@@ -188,7 +189,8 @@ def forward_all(model, batches, **kwargs) -> list:
 CAPTURED: list[torch.Tensor] = []
 
 
-def capturing_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+def capturing_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs) -> tuple:
     """Eager attention that keeps every layer's pre-softmax logits (B, H, T, T)."""
     from transformers.models.llama.modeling_llama import repeat_kv as hf_repeat_kv
 
@@ -200,7 +202,7 @@ def capturing_attention(module, query, key, value, attention_mask, scaling, drop
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def capture_everything(path, batches, k: int = 100) -> None:
+def capture_everything(path: Path, batches: list[Batch], k: int = 100) -> None:
     """The peer method: keep everything, then exact top-k and median of |logits| and |hidden states| per layer."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -217,7 +219,7 @@ def capture_everything(path, batches, k: int = 100) -> None:
             v.topk(k), v.median()
 
 
-def real_pass(b: int, t: int, repeats: int) -> dict:
+def real_pass(b: int, t: int, repeats: int) -> dict[str, float]:
     """In one process: median seconds of the stats pass and of eager and SDPA forwards of the same batches."""
     from quantdiff.quant.checkpoint import load
     from quantdiff.stats.collect import collect
@@ -253,7 +255,7 @@ def real_process(method: str, b: int, t: int) -> None:
     print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
-def real_model(args, device: torch.device) -> None:
+def real_model(args: argparse.Namespace, device: torch.device) -> None:
     methods = ("sdpa", "eager", "capture", "stats")
     for size in args.real_sizes:
         b, t = (int(v) for v in size.split("x"))

@@ -111,7 +111,7 @@ def naive_logits_top1(model, data) -> tuple[float, tuple[int, int, int, int, int
                 model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
                 mask = batch.attention_mask.bool()
                 t = mask.shape[1]
-                allowed = torch.tril(torch.ones(t, t, dtype=torch.bool))[None, None] & mask[:, None, :, None] & mask[:, None, None, :]
+                allowed = torch.tril(torch.ones(t, t, dtype=torch.bool, device=mask.device))[None, None] & mask[:, None, :, None] & mask[:, None, None, :]
                 for query, key, scaling, layer in records:
                     key = repeat_kv(key, query.shape[1] // key.shape[1])
                     logits = (query.float() @ key.float().transpose(2, 3) * scaling).abs().masked_fill(~allowed, -1.0)

@@ -121,7 +121,7 @@ def _all_sign_flips(d: list[float]) -> float:
 
 
 @pytest.mark.parametrize("d", [
-    [0.0836, 0.0951, 0.0109, -0.348, 0.166, 0.0394, 0.0971, 0.053],  # results/bb-8seeds (= seeds 0–7 of results/bb): diff − standard, 4-bit linear
+    [0.0836, 0.0951, 0.0109, -0.348, 0.166, 0.0394, 0.0971, 0.053],  # the 8-seed run (f3e65f9:results/bb-8seeds, = seeds 0–7 of results/bb): diff − standard, 4-bit linear
     [0.132, 0.139, 0.0781, 0.00543, 0.217, 0.0768, 0.137, 0.207],  # all 8 one way: p = 2/256
     [0.0, 0.5, -0.25, 0.0, -0.25, 0.0, 0.0, -0.25],  # sink score differences: ties and zeros
     [1.0, -2.0, 3.5], [0.0, 0.0],

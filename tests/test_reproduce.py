@@ -239,3 +239,19 @@ def test_a_real_model_named_as_one_of_a_group_is_checked_and_measured_alone():
 
     check_real_models("tiny/diff, tiny/standard")
     assert resolve_one("tiny/diff").name == "diff"
+
+
+def test_the_kernels_line_names_the_accelerator_and_claims_no_cpu_pinning_there(monkeypatch):
+    """A reproduce on CUDA computed on GPU kernels: the Setup line must not call them the pinned CPU kernels (the
+    H200 run's report did)."""
+    import torch
+
+    from quantdiff.jobs import measure_arms
+
+    cpu_line = measure_arms.kernels_line("cpu")
+    assert cpu_line.startswith(torch.backends.cpu.get_cpu_capability()) and "MKL_CBWR=" in cpu_line
+    monkeypatch.setattr("quantdiff.core.device.resolve_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    gpu_line = measure_arms.kernels_line("cuda")
+    assert gpu_line.startswith("CUDA, NVIDIA H200, torch ") and "not pinned" in gpu_line
+    assert "MKL_CBWR" not in gpu_line and "AVX2" not in gpu_line

@@ -151,14 +151,24 @@ def setup_context(options: ReproduceOptions, trained, stats_doc: dict) -> dict:
         "statistics data": f"{stats_doc['data']['tokens']:,} held-out tokens per model ({stats_doc['data']['source']}), sequences of {analysis.seq_len}",
         "quantization": f"methods {', '.join(analysis.methods)}; bits {', '.join(map(str, analysis.bits))}; "
         f"sites {', '.join(analysis.sites)} (linear on tasks {', '.join(PER_TOKEN_TASKS)} only); skipped: {'; '.join(skipped) or 'none'}",
-        "kernels": kernels_line(),
+        "kernels": kernels_line(options.device),
     }
 
 
-def kernels_line() -> str:
-    """The CPU kernels the numbers were computed with: a quantized cell moves with them (docs/results.md)."""
+def kernels_line(device: str | None = None) -> str:
+    """The kernels the numbers were computed with: a quantized cell moves with them (docs/results.md). On an
+    accelerator the CPU's pinning says nothing about them, so the line names the accelerator instead."""
+    import torch
+
+    from quantdiff.core.device import resolve_device
     from quantdiff.train.determinism import CPU_CAPABILITY, ENVIRONMENT, settings
 
+    resolved = resolve_device(device)
+    if resolved.type == "cuda":
+        return (f"CUDA, {torch.cuda.get_device_name(resolved)}, torch {torch.__version__}, CUDA {torch.version.cuda} "
+                "(GPU kernels are not pinned: numbers may differ in last bits on another GPU, driver or torch)")
+    if resolved.type != "cpu":
+        return f"{resolved.type.upper()}, torch {torch.__version__} (kernels not pinned: numbers may differ in last bits elsewhere)"
     current = settings()
     pinned = current["cpu_capability"] == CPU_CAPABILITY and current["mkl_cbwr"] == ENVIRONMENT["MKL_CBWR"]
     return (f"{current['cpu_capability']}, MKL_CBWR={current['mkl_cbwr']}, {current['threads']} thread(s), torch {current['torch']}, {current['cpu_vendor']}"

@@ -18,9 +18,13 @@
 # Carried (.whl, ignored by git, named in `carry`; the working tree plus carried paths may be 64 MiB at most, and
 # --pack refuses to leave more):
 # - bitsandbytes 0.50.2, repacked with only its CPU and CUDA 13.0 libraries (torch there is 2.11+cu130; all its
-#   libraries make a 43 MB wheel, over the limit with the tree's ~27 MB): the CUDA kernels quant_bench compares
+#   libraries make a 43 MB wheel, over the limit with the tree's ~38 MB): the CUDA kernels quant_bench compares
 #   against; and tests/test_bnb_agreement.py imports it, so without it collecting the suite for -m cuda errs.
 # - the Austen corpus (.whl/corpus, 1.6 MB, from this machine's install): the GPU machine cannot fetch it.
+# - the lock's transformers, regex, typer and pydantic (with pydantic-core, annotated-types, typing-inspection,
+#   typing-extensions), 17 MB: the image's transformers is older than the tested range; the first H200 call
+#   (27 November), carrying transformers, regex and typer by hand, stopped at training: this typer imports pydantic,
+#   which the image lacks.
 # Not carried: gguf, compressed-tensors and lm-eval, which nothing here runs (the real models are left out of
 # reproduce: their GGUF wheels alone exceed the limit). Everything else is in the machine's image (KINDS.md).
 set -uo pipefail
@@ -49,10 +53,22 @@ export OMP_WAIT_POLICY=PASSIVE PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_
 # The carried corpus, when there is one (quantdiff.data.debian.corpus_root).
 [ -d .whl/corpus ] && export QUANTDIFF_CORPUS_DIR="$REPO/.whl/corpus"
 
+# The lock's versions of what the image holds older or lacks (--pack): the image's transformers (5.17 in November
+# 2026) is below the tested range, and the lock's typer needs pydantic, which the image lacks.
+TESTED=(transformers regex typer pydantic pydantic-core annotated-types typing-inspection typing-extensions)
+
 pack() {
   mkdir -p .whl || die "cannot create .whl"
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_24_x86_64 -d .whl bitsandbytes==0.50.2 || die "pip download bitsandbytes failed"
+  local specs=() name spec
+  for name in "${TESTED[@]}"; do
+    spec=$(grep -i -m1 "^$name==" requirements/main.txt | cut -d' ' -f1) && [ -n "$spec" ] || die "$name is not in requirements/main.txt"
+    specs+=("$spec")
+  done
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${specs[@]}" \
+    || die "pip download ${specs[*]} failed"
   "$PY" - <<'EOF' || exit 2
 import glob, os, shutil, subprocess, sys, zipfile
 from quantdiff.data.corpus import RDATA, find_rdata

@@ -343,13 +343,16 @@ def _tiled_attention(
             rows=rows,
         )
         x = softmax_input(call_tap(logits, ctx), ctx)  # taps see QKᵀ·scaling before capping
-        p = torch.where(valid, x, negative_infinity, out=scratch[: x.numel()].view(x.shape))  # (B, H, rows, cols)
+        # Autograd refuses out= and in-place writes on tensors it tracks (training through this backend, gradients
+        # of a quantized model): those take fresh tensors, with the same values.
+        tracked = x.requires_grad
+        p = torch.where(valid, x, negative_infinity, out=None if tracked else scratch[: x.numel()].view(x.shape))  # (B, H, rows, cols)
         if k_start == 0:  # covers every row
             rows.first_key.copy_(p[..., :1])
         m_old = m[:, :, q_first:]
         m_new = torch.maximum(m_old, p.amax(dim=-1, keepdim=True))
         safe_m = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with nothing valid yet
-        torch.sub(p, safe_m, out=p).exp_()
+        p = torch.exp(p - safe_m) if tracked else torch.sub(p, safe_m, out=p).exp_()
         correction = torch.exp(m_old - safe_m)
         l[:, :, q_first:] = l[:, :, q_first:] * correction + p.sum(dim=-1, keepdim=True)
         acc[:, :, q_first:] = acc[:, :, q_first:] * correction + torch.matmul(p, value[:, :, k_start:k_stop].float())

@@ -118,7 +118,7 @@ else
         train.batch_size=4 train.seq_len=128 train.dtype=float32 train.device=cpu train.warmup_steps=2 train.eval_batches=1
         train.outlier_sequences=2 data.retrieval_max_needles=1 tasks.lm_tokens=1024 tasks.choice_items=8
         "tasks.retrieval_contexts=[128]" "tasks.retrieval_needles=[1]" tasks.retrieval_examples=4
-        analysis.stats_tokens=1024 analysis.seq_len=128 "analysis.bits=[8, 4]")
+        analysis.stats_tokens=1024 analysis.seq_len=128 "analysis.bits=[8, 4]" "analysis.methods=['absmax']" "analysis.sites=['logits', 'linear']")
   STATS_BENCH=(--device cpu --hidden 32 --layers 1 --heads 2 --seq-len 64 --batch 1 --tile 32 --repeats 1 --observer-tensors 1 --sections 124)
   QUANT_BENCH=(--device cpu --hidden 32 --layers 1 --heads 2 --batch 1 --seq 64 --tile 32 --features 64 --repeats 1)
   TRAIN_BENCH=(--device cpu --hidden 32 --layers 1 --heads 2 --vocab 300 --seq 32 --batch 2 --repeats 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -207,10 +208,15 @@ def test_a_micro_bb_recipe_trains_every_arm_on_the_same_batches_and_logs_emergen
 def test_reproduce_reports_every_arm_on_the_bb_task(tmp_path, monkeypatch, capsys):
     from quantdiff.cli.app import main
 
+    from quantdiff.jobs import real_model
+
     monkeypatch.chdir(tmp_path)
     recipe = MICRO.replace("[analysis]", "") + "\n[analysis]\nstats_tokens = 128\nseq_len = 32\nbits = [8, 4]\n"
     (tmp_path / "micro.toml").write_text(recipe)
-    main(["reproduce", "micro.toml", "--out", "rep", "--real-model", "smollm2"])  # one real model end to end (Gemma: test_real_model)
+    # One real model end to end (Gemma: test_real_model), at a small size: both methods and sites, fewer tokens.
+    small = real_model.RealModelPlan(stats_tokens=512, seq_len=128, windows=2, context=128, bits=(8,))
+    monkeypatch.setattr(real_model, "run_real_model", functools.partial(real_model.run_real_model, plan=small))
+    main(["reproduce", "micro.toml", "--out", "rep", "--real-model", "smollm2"])
     assert "report -> rep/report.md" in capsys.readouterr().out.replace("\\", "/")
     assert "## Real pretrained models: `smollm2`" in (tmp_path / "rep" / "report.md").read_text()
     stats = json.loads((tmp_path / "rep" / "stats.json").read_text())

@@ -325,7 +325,7 @@ def _tiled_attention(
     # The masked softmax input, then its exponentials, live in one buffer per call: the hooks' tile stays as they
     # saw it, and no tile-sized tensor is allocated per tile (on CPU fresh pages cost more than the arithmetic).
     scratch = torch.empty(b * h * t * min(tile, s), device=device)
-    negative_infinity = torch.tensor(-math.inf, device=device)
+    negative_infinity = torch.tensor(-math.inf, device=device)  # where's out= form takes no Python scalar
     for k_start, k_stop, q_first in tiles:
         logits, valid = reuse if reuse is not None else logits_of(k_start, k_stop, q_first)
         ctx = TileContext(

@@ -58,7 +58,7 @@ def kth_lower_bound(a: torch.Tensor, k: int) -> torch.Tensor:
     chunks = CHUNKS_PER_K * k
     if m < 2 * chunks:  # small rows: their exact k-th value costs little
         return a.topk(min(k, m), dim=-1).values[..., -1:]
-    maxima = a[..., : m - m % chunks].view(*a.shape[:-1], chunks, -1).amax(dim=-1)  # the tail is left out: still a bound
+    maxima = a[..., : m - m % chunks].unflatten(-1, (chunks, -1)).amax(dim=-1)  # the tail is left out: still a bound
     return maxima.topk(k, dim=-1).values[..., -1:]
 
 

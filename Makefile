@@ -9,8 +9,10 @@ setup:
 reproduce: setup
 	.venv/bin/quantdiff reproduce bb --out report --items 100 --force
 
+# One pytest-xdist worker per core; worksteal: a worker that runs out takes queued tests from the other, so the
+# minutes-long end-to-end tests do not leave one core idle at the end.
 test: setup
-	.venv/bin/python -m pytest -q --basetemp=/tmp/quantdiff-tests-$$(id -u)
+	.venv/bin/python -m pytest -q -n auto --dist worksteal --basetemp=/tmp/quantdiff-tests-$$(id -u)
 
 # Re-resolve the lock to the newest releases, reinstall, run the suite and the tested-range check (scripts/lock.sh).
 lock:

@@ -12,7 +12,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # rich's width off a terminal, whatever the developer's shell exports: every machine sees the same wrapping.
 os.environ["COLUMNS"] = "80"
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Each pytest-xdist worker gets its share of the cores (`make test` runs one worker per core): more threads than
+# cores only makes the workers wait on each other.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads()) // WORKERS))
 
 
 @pytest.fixture

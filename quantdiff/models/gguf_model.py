@@ -23,7 +23,7 @@ from typing import Iterator
 from huggingface_hub.errors import StrictDataclassError
 
 from quantdiff.core.atomic import disk_full_as_error, remove_stale_temporaries, temporary_path, write_json
-from quantdiff.core.cache import cache_dir
+from quantdiff.core.cache import cache_dir, cache_lock
 from quantdiff.core.errors import ConfigError, DiskFullError, LoadError
 from quantdiff.core.manifest import file_sha256, matches_manifest, write_manifest
 from quantdiff.core.savedir import atomic_dir, marked_kind
@@ -102,7 +102,9 @@ def gguf_model_dir(path: str | Path) -> Path:
         raise LoadError(f"cannot read {path}: {exc.strerror or exc}") from None
     directory = cache_root() / sha256
     if not is_complete(directory, sha256):
-        directory = convert(path, directory, sha256)
+        with cache_lock(directory):
+            if not is_complete(directory, sha256):  # else another process converted it while this one waited
+                directory = convert(path, directory, sha256)
     note_given_file(directory, path.name)
     return directory
 

@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from quantdiff.core.cache import cache_dir
+from quantdiff.core.cache import cache_dir, cache_lock
 from quantdiff.core.errors import LoadError
 from quantdiff.core.manifest import file_sha256
 
@@ -92,9 +92,15 @@ def wheel_file(name: str) -> Path:
             raise LoadError(f"built-in model {name!r}: the installed {parts[0]} is not the file it is pinned to (sha256 {model.sha256[:12]}…): reinstall: {model.install}")
         return parts[0]
     path = joined_path(name)
-    if not path.is_file() or file_sha256(path) != model.sha256:
-        join(parts, path, model.sha256)
+    if not _holds(path, model.sha256):
+        with cache_lock(path):
+            if not _holds(path, model.sha256):  # else another process joined it while this one waited
+                join(parts, path, model.sha256)
     return path
+
+
+def _holds(path: Path, sha256: str) -> bool:
+    return path.is_file() and file_sha256(path) == sha256
 
 
 def join(parts: list[Path], out: Path, sha256: str) -> None:

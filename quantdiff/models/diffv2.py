@@ -22,8 +22,9 @@ Chosen here (and why):
   the same family of functions, with the weights' rows permuted.
 - The rest of the model (pre-norm RMSNorm decoder layers, SwiGLU MLP, embeddings, LM head) is LLaMA's: the
   reference publishes the attention module only.
-- Initialisation: transformers' default for every nn.Linear (normal, std `initializer_range`), W_λ included, so
-  λ starts near sigmoid(0) = 0.5. The reference module leaves initialisation to its (unpublished) training code.
+- Initialisation: every arm's scheme (models/init.py): under the authors' (recipes' default) every nn.Linear, W_λ
+  included, is PyTorch's default kaiming-uniform, as the reference's plain nn.Linear layers are; under transformers'
+  normal, std `initializer_range`. Either way λ starts centred on sigmoid(0) = 0.5. The reference has no init code.
 Not public: the training framework, the initialisation and the sizes used for the blog's experiments.
 
 Config convention (as DiffLlama's): `num_attention_heads` counts the heads attention computes — the 2h query

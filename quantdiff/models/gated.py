@@ -23,8 +23,8 @@ one scalar per token and head, applied to the SDPA output before W_O; the attent
 here: the reference computes the gate scores in extra rows of `q_proj` (grouped per KV head); here they are their
 own `nn.Linear`, `output_gate_proj` — the same functions with the weight rows rearranged — which the `linear` site
 and the exports quantize like every other projection. No q/k norm (the reference's `use_qk_norm`): the rest is LLaMA's, as
-for the standard arm. Initialisation: transformers' default for nn.Linear (normal, std `initializer_range`), so
-every gate starts near sigmoid(0) = 0.5.
+for the standard arm. Initialisation: every arm's scheme (models/init.py; the reference's is transformers' normal,
+std `initializer_range`, for every Linear), so every gate starts near sigmoid(0) = 0.5.
 """
 
 from __future__ import annotations

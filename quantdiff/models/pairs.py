@@ -26,6 +26,7 @@ from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, Lla
 from quantdiff.core.errors import ConfigError
 from quantdiff.models.diffv2 import DiffV2Config, DiffV2ForCausalLM
 from quantdiff.models.gated import GatedConfig, GatedForCausalLM
+from quantdiff.models.init import LEGACY_INIT, check_init, fold, initialise
 from quantdiff.models.sink import SinkConfig, SinkForCausalLM
 from quantdiff.core.memory import check_fits
 
@@ -142,24 +143,32 @@ def check_seed(seed: int, what: str = "seed") -> None:
         raise ConfigError(f"{what} must be in 0..2**64 - 1, got {seed}")
 
 
-def build_model(config: ModelConfig, seed: int = 0, attn_implementation: str = "sdpa") -> PreTrainedModel:
+def build_model(config: ModelConfig, seed: int = 0, attn_implementation: str = "sdpa", init: str = LEGACY_INIT,
+                reparametrised: bool = False) -> PreTrainedModel:
     """A freshly initialised model; `config` is deep-copied because `_from_config` mutates it.
 
-    A kind whose attention SDPA cannot compute (the sink kind: SDPA would drop its sink logits) is built on eager
-    attention when SDPA is asked for: the same model, computed exactly."""
+    `init` (models.init): "transformers" (the default here, so throwaway models stay as they were) or "authors" (what
+    recipes and `quantdiff pair` default to). Under "authors" the √D embedding multiplier and Diff V1's norm gain
+    are parametrisations while `reparametrised` (the form training steps), else folded into the weights: a plain
+    model. A kind whose attention SDPA cannot compute (the sink kind: SDPA would drop its sink logits) is built on
+    eager attention when SDPA is asked for: the same model, computed exactly."""
+    check_init(init, "init", tied=config.tie_word_embeddings)
     cls = _MODEL_CLASSES[type(config)]
     if attn_implementation == "sdpa" and not cls._supports_sdpa:
         attn_implementation = "eager"
     torch.manual_seed(seed)
-    return cls._from_config(copy.deepcopy(config), attn_implementation=attn_implementation)
+    model = initialise(cls._from_config(copy.deepcopy(config), attn_implementation=attn_implementation), init)
+    return model if reparametrised else fold(model)
 
 
-def build_pair(preset: SizePreset, seed: int = 0, attn_implementation: str = "sdpa", kinds: tuple[str, ...] = KINDS) -> dict[str, PreTrainedModel]:
-    """The kinds (by default the standard/Diff pair), each initialised from the same seed."""
+def build_pair(preset: SizePreset, seed: int = 0, attn_implementation: str = "sdpa", kinds: tuple[str, ...] = KINDS,
+               init: str = LEGACY_INIT) -> dict[str, PreTrainedModel]:
+    """The kinds (by default the standard/Diff pair), each initialised from the same seed by `init`, as plain models."""
     configs = kind_configs(preset, kinds)  # validates the sizes
     check_seed(seed)
+    check_init(init, "init", tied=preset.tie_word_embeddings)
     preset.check_memory(1, f"{len(configs)} models of {preset.parameter_estimate():,} parameters", models=len(configs))
-    return {kind: build_model(cfg, seed, attn_implementation) for kind, cfg in configs.items()}
+    return {kind: build_model(cfg, seed, attn_implementation, init) for kind, cfg in configs.items()}
 
 
 def lambda_parameter_count(model: PreTrainedModel) -> int:

@@ -48,6 +48,7 @@ from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import progress_bar
 from quantdiff.data.bigram_backcopy import BigramBackcopy
+from quantdiff.models.init import fold
 from quantdiff.models.pairs import build_model, kind_configs, lambda_parameter_count, parameter_count
 from quantdiff.train.recipe import ArmConfig, Recipe, TrainConfig, check_needles_fit, curriculum
 from quantdiff.core.atomic import json_text
@@ -346,7 +347,8 @@ def start_run(recipe: Recipe, out: Path, checkpoint: Checkpoint, force: bool, co
         # The recipe was checked at one token per word; the trained tokenizer may need more for the rarest words.
         check_needles_fit(recipe, partial(most_document_tokens, data.filler.count_tokens), "tokens of the trained tokenizer")
     configs = kind_configs(recipe.model, tuple(dict.fromkeys(arm.kind for arm in recipe.arms)))
-    models = {arm.name: build_model(configs[arm.kind], cfg.seed, "sdpa").to(device).train() for arm in recipe.arms}
+    # In training form: the init's parametrisations (models.init) stay until finish() folds them; checkpoints hold them
+    models = {arm.name: build_model(configs[arm.kind], cfg.seed, "sdpa", cfg.init, reparametrised=True).to(device).train() for arm in recipe.arms}
     optimizers = {arm.name: make_optimizer(models[arm.name], cfg, arm) for arm in recipe.arms}
     if state:
         checkpoint.restore(models, optimizers)
@@ -456,7 +458,8 @@ def _check_line(checks: dict) -> str:
 
 
 def finish(run: Run, console) -> dict[str, Path]:
-    """Final held-out evaluation, then each arm's model saved as a complete HF directory with its log."""
+    """Each arm folded into a plain transformers model (models.init.fold: the same function), evaluated on held-out
+    data, and saved as a complete HF directory with its log."""
     recipe, data, state = run.recipe, run.data, run.state
     cfg, tasks = recipe.train, recipe.tasks
     windows = held_out_windows(data, cfg.seq_len, tasks.lm_tokens)
@@ -464,7 +467,7 @@ def finish(run: Run, console) -> dict[str, Path]:
     checks = final_checks(run)
     paths = {}
     for arm in recipe.arms:
-        name, model = arm.name, run.models[arm.name]
+        name, model = arm.name, fold(run.models[arm.name])
         model.eval()
         loss = held_out_loss(model, windows)
         log = {
@@ -472,6 +475,7 @@ def finish(run: Run, console) -> dict[str, Path]:
             "arm": dataclasses.asdict(arm) | {"lr": arm.peak_lr(cfg), "weight_decay": arm.decay(cfg)},
             "recipe": recipe.name,
             "seed": cfg.seed,  # initialisation and batches (a multi-seed run: this directory's seed)
+            "init": cfg.init,  # the initialisation scheme (models.init)
             "determinism": determinism.settings(),  # of the process that finished the run; "pinned": reproducible elsewhere
             "corpora": list(recipe.data.corpus_names),
             "steps": cfg.steps,

@@ -36,6 +36,7 @@ from quantdiff.core.memory import check_fits
 from quantdiff.eval.bounds import forward_bytes
 from quantdiff.data.needles import VALUE_LENGTH, min_document_tokens
 from quantdiff.data.corpus import CORPORA
+from quantdiff.models.init import DEFAULT_INIT, check_init
 from quantdiff.models.names import ASSETS
 from quantdiff.data import bigram_backcopy
 from quantdiff.models.pairs import ALL_KINDS, KINDS, SizePreset, check_seed, preset_from_dict
@@ -103,6 +104,10 @@ class TrainConfig:
     eval_batches: int = 4
     # Held-out sequences on which both models' outliers and sinks are measured at every eval step (0 = off).
     outlier_sequences: int = 4
+    # Initial weights of every arm (quantdiff/models/init.py): "authors" = the Diff Transformer authors' (kaiming-
+    # uniform Linears, embedding N(0, 1/D) times √D in the forward, a gain on Diff V1's per-head norm);
+    # "transformers" = transformers' default, N(0, 0.02) for every Linear and the embedding.
+    init: str = DEFAULT_INIT
 
     @property
     def tokens(self) -> int:
@@ -271,6 +276,7 @@ def _check(recipe: Recipe) -> None:
     if not 0 < data.held_out_fraction < 1 or not 0 <= data.retrieval_fraction <= 1:
         raise ConfigError("held_out_fraction must be in (0, 1) and retrieval_fraction in [0, 1]")
     check_seed(train.seed, "[train] seed")
+    check_init(train.init, "[train] init", tied=recipe.model.tie_word_embeddings)
     if train.dtype not in DTYPES:
         raise ConfigError(f"[train] dtype must be one of {', '.join(DTYPES)}, got {train.dtype!r}")
     if min(train.steps, train.batch_size, train.seq_len, train.checkpoint_every, train.log_every, train.eval_every) <= 0:

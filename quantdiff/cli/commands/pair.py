@@ -20,6 +20,7 @@ def pair(
     vocab_size: Annotated[int, typer.Option(help="Vocabulary size (at least 259: each model gets a byte-level tokenizer, its 256 bytes and 3 special tokens).")] = 512,
     context: Annotated[int, typer.Option(help="Maximum positions.")] = 512,
     seed: Annotated[int, typer.Option(help="Initialisation seed (the same for both kinds).")] = 0,
+    init: Annotated[str, typer.Option(help="Initialisation of every kind: 'authors' (the Diff Transformer authors': kaiming-uniform Linears, embedding N(0, 1/D) times √D, folded into the saved weights) or 'transformers' (transformers' default: N(0, 0.02)).")] = "authors",
     force: Annotated[bool, typer.Option(help="Replace OUT if quantdiff wrote it as a pair, and an existing --json file.")] = False,
     diffv2: Annotated[bool, typer.Option("--diffv2", help="Also write OUT/diffv2: DIFF Transformer V2 of the same sizes (2·heads query heads).")] = False,
     gated: Annotated[bool, typer.Option("--gated", help="Also write OUT/gated: the standard model with a head-wise sigmoid gate on each head's output (Qiu et al.'s G1).")] = False,
@@ -36,6 +37,7 @@ def pair(
     from quantdiff.cli.validate import check_positive
     from quantdiff.core.errors import ConfigError
     from quantdiff.core.savedir import check_target, save_pair
+    from quantdiff.models.init import check_init
     from quantdiff.models.pairs import KINDS, SizePreset, added_parameter_count, build_pair, check_seed, parameter_count
     from quantdiff.models.tokenizer import BYTES_VOCAB_SIZE, bytes_tokenizer
 
@@ -43,13 +45,14 @@ def pair(
     if kv_heads < 0:
         raise ConfigError(f"--kv-heads must be at least 0 (0 = --heads), got {kv_heads}")
     check_seed(seed, "--seed")
+    check_init(init, "--init")
     if vocab_size < BYTES_VOCAB_SIZE:
         raise ConfigError(f"--vocab-size must be at least {BYTES_VOCAB_SIZE}: the pair's byte-level tokenizer holds 256 bytes and 3 special tokens, got {vocab_size}")
     check_target(out, force, flag="OUT", kind="pair")
     check_json(json_path, [], force, [("OUT", out)])
     preset = SizePreset(hidden_size, layers, heads, kv_heads or None, None, vocab_size, context)
     extra = tuple(kind for kind, wanted in (("diffv2", diffv2), ("gated", gated), ("sink", sink)) if wanted)
-    models = build_pair(preset, seed=seed, kinds=KINDS + extra)
+    models = build_pair(preset, seed=seed, kinds=KINDS + extra, init=init)
     save_pair(models, out, force=force, tokenizer=bytes_tokenizer())
     console = result_console(json_path, quiet)
     standard = parameter_count(models["standard"])
@@ -60,4 +63,4 @@ def pair(
         versus = "" if kind == "standard" else f"{count - standard:+,} vs standard, "
         console.print(f"{kind}: {count:,} parameters ({versus}{added:,} λ/gate/sink) -> {out / kind}")
     console.print("[yellow]untrained: random weights and a byte-level tokenizer, for trying the tools, not for conclusions[/yellow]")
-    write_result(json_path, "pair", {"out": str(out), "trained": False, "models": records}, force)
+    write_result(json_path, "pair", {"out": str(out), "trained": False, "init": init, "models": records}, force)

@@ -460,7 +460,7 @@ def pair_dirs(tmp_path_factory):
     from quantdiff.models.tokenizer import bytes_tokenizer
 
     root = tmp_path_factory.mktemp("pair")
-    models = build_pair(RELOAD_PRESET, seed=0, kinds=ALL_KINDS)
+    models = build_pair(RELOAD_PRESET, seed=0, kinds=ALL_KINDS, init="authors")
     save_pair(models, root / "P", tokenizer=bytes_tokenizer())
     dirs = {kind: root / "P" / kind for kind in models}
     models["standard"].save_pretrained(root / "merges")

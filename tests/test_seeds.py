@@ -23,7 +23,8 @@ from tests.test_bad_input import tree_hashes
 
 TRACE = json.loads((Path(__file__).parent / "data" / "bb_micro_loss_trace.json").read_text())
 ARMS = ("standard", "diff", "standard-sgd")
-# The recipe the trace was made with (one run per seed, `seed = s`, at commit c26f97c); here with a seed list.
+# The recipe the trace was made with (one run per seed, `seed = s`, at commit c26f97c); here with a seed list, and
+# `init` set to what every run then used (transformers' init: the default became the authors', issue 42).
 MICRO_BB = """
 [data]
 corpus = "bigram-backcopy"
@@ -47,6 +48,7 @@ adam_beta2 = 0.99
 bos = true
 grad_clip = 0.0
 SEEDS
+init = "transformers"
 dtype = "float32"
 device = "cpu"
 checkpoint_every = 4

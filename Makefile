@@ -9,10 +9,11 @@ setup:
 reproduce: setup
 	.venv/bin/quantdiff reproduce bb --out report --items 100 --force
 
-# One pytest-xdist worker per core; worksteal: a worker that runs out takes queued tests from the other, so the
-# minutes-long end-to-end tests do not leave one core idle at the end.
+# One pytest-xdist worker per core. loadgroup: each test goes to whichever worker is free, except that the
+# modules marked xdist_group, each kept on one worker so its module-scoped fixtures (a real model measured, exports
+# built) are built once.
 test: setup
-	.venv/bin/python -m pytest -q -n auto --dist worksteal --basetemp=/tmp/quantdiff-tests-$$(id -u)
+	.venv/bin/python -m pytest -q -n auto --dist loadgroup --basetemp=/tmp/quantdiff-tests-$$(id -u)
 
 # Re-resolve the lock to the newest releases, reinstall, run the suite and the tested-range check (scripts/lock.sh).
 lock:

@@ -15,7 +15,10 @@ os.environ["COLUMNS"] = "80"
 # Each pytest-xdist worker gets its share of the cores (`make test` runs one worker per core): more threads than
 # cores only makes the workers wait on each other.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-torch.set_num_threads(max(1, min(2, torch.get_num_threads()) // WORKERS))
+THREADS = max(1, min(2, torch.get_num_threads()) // WORKERS)
+torch.set_num_threads(THREADS)
+if WORKERS > 1:  # and the processes a test starts take the same share, computing as the worker itself does
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
 
 
 @pytest.fixture

@@ -68,10 +68,12 @@ def test_two_processes_converting_one_file_at_once_convert_it_once(tmp_path):
     entries = {_finish(p) for p in processes}
     assert entries == {str(cache / "gguf" / file_sha256(gguf))}
     assert log.read_text().splitlines() == ["convert"]  # the second found the first's entry complete
+    assert sorted(p.name for p in (cache / "gguf").iterdir()) == [file_sha256(gguf)]  # the entry alone: no lock file beside it
 
 
-def test_a_conversion_waits_while_another_process_holds_the_entry(tmp_path):
+def test_a_conversion_waits_while_another_process_holds_the_entry(tmp_path, monkeypatch):
     gguf, go, log, cache = tmp_path / "tiny.gguf", tmp_path / "go", tmp_path / "conversions", tmp_path / "cache"
+    monkeypatch.setenv("QUANTDIFF_CACHE", str(cache))  # the same cache, so the same lock, as the process started
     _tiny_llama_gguf(gguf)
     entry = cache / "gguf" / file_sha256(gguf)
     with cache_lock(entry):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from filelock import FileLock
-
-from quantdiff.core.errors import LoadError
 
 
 def cache_dir() -> Path:
@@ -23,15 +22,12 @@ def cache_dir() -> Path:
 def cache_lock(entry: Path) -> Iterator[None]:
     """Held while one process builds cache entry `entry`: a second process (a second test worker, a second
     command) waits, then finds the entry complete instead of building it again and replacing it under a reader.
-    The lock file `.<entry>.lock` stays beside the entry (removing it would race with a waiter); the wait has no
-    timeout, since a conversion can take minutes and a lock is released when its holder exits."""
-    lock = FileLock(entry.with_name(f".{entry.name}.lock"))
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        lock.acquire()
-    except OSError as exc:
-        raise LoadError(f"cannot write the cache {entry.parent}: {exc.strerror or exc} (set QUANTDIFF_CACHE to another directory)") from None
-    try:
+    The lock files live in the cache's own `locks/` folder, named by the entry's path, never beside the entry (a
+    folder of entries holds entries only); they stay (removing one would race with a waiter). The wait has no
+    timeout, since a conversion can take minutes and a lock is released when its holder exits. An unwritable cache
+    raises OSError, which the caller words as its cache's problem."""
+    name = hashlib.sha256(str(entry.absolute()).encode()).hexdigest()[:32]
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(locks / f"{name}.lock"):
         yield
-    finally:
-        lock.release()

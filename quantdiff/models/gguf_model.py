@@ -102,7 +102,7 @@ def gguf_model_dir(path: str | Path) -> Path:
         raise LoadError(f"cannot read {path}: {exc.strerror or exc}") from None
     directory = cache_root() / sha256
     if not is_complete(directory, sha256):
-        with cache_lock(directory):
+        with cache_problems(directory), cache_lock(directory):
             if not is_complete(directory, sha256):  # else another process converted it while this one waited
                 directory = convert(path, directory, sha256)
     note_given_file(directory, path.name)

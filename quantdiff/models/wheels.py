@@ -93,7 +93,9 @@ def wheel_file(name: str) -> Path:
         return parts[0]
     path = joined_path(name)
     if not _holds(path, model.sha256):
-        with cache_lock(path):
+        from quantdiff.models.gguf_model import cache_problems  # a cache that cannot be written is said to be one
+
+        with cache_problems(path), cache_lock(path):
             if not _holds(path, model.sha256):  # else another process joined it while this one waited
                 join(parts, path, model.sha256)
     return path

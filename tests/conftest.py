@@ -52,3 +52,4 @@ def gemma3_dir():
     from quantdiff.models.names import resolve
 
     return resolve("gemma3")[0]
+

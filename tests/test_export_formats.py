@@ -26,8 +26,6 @@ from quantdiff.quant.numerics import absmax_weight_quantize, compressed_tensors_
 from quantdiff.quant.sites import AbsmaxMethod, LinearSite, fake_quant_weight, linear_targets
 from tests.test_export import IDS, PRESET
 
-# One xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures are built once.
-pytestmark = pytest.mark.xdist_group("test_export_formats")
 
 # PRESET's input widths are 64 (hidden) and 192 (intermediate): G = 48 does not divide 64, so those layers are
 # written with g = gcd(48, 64) = 16 (the path SmolLM2's 576 inputs take at G = 128), down_proj with 48

@@ -16,8 +16,6 @@ from quantdiff.cli.app import main
 from quantdiff.models.source import model_source
 from quantdiff.models.wheels import WHEEL_MODELS, joined_path, part_files, wheel_file
 
-# One xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures are built once.
-pytestmark = pytest.mark.xdist_group("test_gemma3")
 
 
 @pytest.fixture(scope="module")

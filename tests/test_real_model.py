@@ -27,8 +27,7 @@ from quantdiff.stats.collect import collect_stats
 from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR
 from quantdiff.stats.massive import massive_activation
 
-# One xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures are built once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_real_model")]
+pytestmark = pytest.mark.slow
 
 TEXT = (
     "The history of the city begins with a small settlement on the river, where farmers traded grain and wool. "

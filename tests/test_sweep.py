@@ -21,8 +21,6 @@ from quantdiff.report.sweep_report import sweep_table
 from quantdiff.eval.tasks.lm import LMTask
 from quantdiff.models.tokenizer import save_tokenizer, train_bpe
 
-# One xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures are built once.
-pytestmark = pytest.mark.xdist_group("test_sweep")
 
 TRAIN_STEPS = 40
 WORDS = "the of and to a in that was her not it his be as had with for she you".split()

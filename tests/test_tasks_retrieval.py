@@ -20,8 +20,6 @@ from quantdiff.eval.tasks.retrieval import RetrievalTask, answer_attention, exac
 from quantdiff.data.needles import KEYS, VALUE_WORDS
 from quantdiff.models.tokenizer import train_bpe
 
-# One xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures are built once.
-pytestmark = pytest.mark.xdist_group("test_tasks_retrieval")
 
 WORDS = "river mill lantern quiet morning letter sister garden carriage evening window promise walked said".split()
 

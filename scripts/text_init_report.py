@@ -19,7 +19,7 @@ from quantdiff.report.init_check import CRITERION_NATS, init_document, init_mark
 def verdict(document: dict) -> str:
     gap = document["authors"]["arms"]["diff"]["gap_to_standard"]
     inside = abs(gap["mean"]) <= CRITERION_NATS
-    return (f"Diff V1's held-out gap to standard on the authors' init: {gap['mean']:+.3f} nats "
+    return (f"Diff V1's held-out gap to standard on the authors' init: {gap['mean']:+.4f} nats "
             f"[{gap['low']:+.3f}, {gap['high']:+.3f}] over {gap['n']} seeds — "
             + (f"within the plan's {CRITERION_NATS} nats." if inside else f"outside the plan's {CRITERION_NATS} nats."))
 

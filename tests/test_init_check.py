@@ -38,6 +38,7 @@ def test_the_gap_and_its_interval_equal_scipys_t(tmp_path):
     assert gap["mean"] == pytest.approx(statistics.fmean(differences))
     assert (gap["low"], gap["high"]) == (pytest.approx(low, rel=1e-6), pytest.approx(high, rel=1e-6))
     assert gap["other_higher"] == 3 and document["authors"]["arms"]["standard"]["gap_to_standard"] is None
+    assert document["authors"]["gap_curves"]["diff"] == [[0, 0.0], [10, pytest.approx(statistics.fmean(differences))]]
     table = init_markdown(document)
     assert f"| diff | {statistics.fmean(LOSSES['diff']):.3f} | 4.130, 4.220, 4.090 | {gap['mean']:+.3f} [{low:+.3f}, {high:+.3f}] | 3 of 3 |" in table
 
@@ -54,6 +55,6 @@ def test_the_script_writes_the_report_and_says_whether_the_plan_holds(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "text_init_report.py"), str(tmp_path / "runs"), "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "gap to standard on the authors' init: +0.030 nats" in done.stdout and "within the plan's 0.05 nats" in done.stdout
+    assert "gap to standard on the authors' init: +0.0300 nats" in done.stdout and "within the plan's 0.05 nats" in done.stdout
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["curves.png", "init_check.json", "tables.md"]
     assert set(json.loads((tmp_path / "out" / "init_check.json").read_text())) == {"authors", "transformers"}

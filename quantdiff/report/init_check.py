@@ -47,7 +47,15 @@ def init_document(runs: dict[str, Path]) -> dict:
                      for arm, values in losses.items()},
             "curves": {arm: {seed: log["held_out_curve"] for seed, log in by_seed.items()} for arm, by_seed in logs.items()},
         }
+        document[name]["gap_curves"] = {arm: gap_curve(document[name]["curves"], arm) for arm in logs if arm != REFERENCE}
     return document
+
+
+def gap_curve(curves: dict[str, dict[str, list]], arm: str) -> list[list[float]]:
+    """[step, the arm's held-out loss minus the standard arm's, averaged over the seeds both have] at each eval step."""
+    seeds = [seed for seed in curves[arm] if seed in curves[REFERENCE]]
+    steps = [step for step, _ in curves[REFERENCE][seeds[0]]]
+    return [[step, sum(curves[arm][s][i][1] - curves[REFERENCE][s][i][1] for s in seeds) / len(seeds)] for i, step in enumerate(steps)]
 
 
 def _interval(block: dict) -> str:
@@ -69,6 +77,9 @@ def init_markdown(document: dict) -> str:
             gap = row["gap_to_standard"]
             above = "—" if gap is None else f"{gap['other_higher']} of {gap['n']}"
             lines.append(f"| {arm} | {row['held_out']['mean']:.3f} | {per_seed} | {'—' if gap is None else _interval(gap)} | {above} |")
+        lines += ["", "Gap to standard during training (held-out loss at each eval step, mean over seeds):", ""]
+        for arm, curve in block["gap_curves"].items():
+            lines.append(f"- {arm}: " + ", ".join(f"step {int(step)} {gap:+.3f}" for step, gap in curve))
         lines.append("")
     return "\n".join(lines)
 

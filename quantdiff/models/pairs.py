@@ -166,7 +166,6 @@ def build_pair(preset: SizePreset, seed: int = 0, attn_implementation: str = "sd
     """The kinds (by default the standard/Diff pair), each initialised from the same seed by `init`, as plain models."""
     configs = kind_configs(preset, kinds)  # validates the sizes
     check_seed(seed)
-    check_init(init, "init", tied=preset.tie_word_embeddings)
     preset.check_memory(1, f"{len(configs)} models of {preset.parameter_estimate():,} parameters", models=len(configs))
     return {kind: build_model(cfg, seed, attn_implementation, init) for kind, cfg in configs.items()}
 

@@ -13,6 +13,7 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.models import loading
 from quantdiff.models.pairs import ALL_KINDS, SizePreset, build_pair
 from quantdiff.quant.kv_plan import KVCalibration, KVPlan, LayerPlan, PlanKVQuantizer, derive_plan, measured_bits, model_shape
+from quantdiff.quant.registry import GRANULARITY_NAMES
 from quantdiff.quant.sites import AbsmaxMethod, KVSite, QuantConfig, parse_config, quantized
 
 PRESET = SizePreset(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=64, max_position_embeddings=64)
@@ -53,14 +54,15 @@ def naive_values(value: torch.Tensor, bits: list[int], keep: set[int]) -> torch.
 class PlanCache(DynamicCache):
     """A KV cache that stores keys and values as the plan says (the naive loops above) and hands those to attention."""
 
-    def __init__(self, plan: KVPlan) -> None:
+    def __init__(self, plan: KVPlan, causal: bool) -> None:
         super().__init__()
-        self.plan = plan
+        self.plan, self.causal = plan, causal
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         layer = self.plan.layers[layer_idx]
         keep = set(layer.keep_positions)
-        return super().update(naive_keys(key_states, list(layer.kv_bits), keep), naive_values(value_states, list(layer.kv_bits), keep), layer_idx, *args, **kwargs)
+        keys = naive_values if self.causal else naive_keys  # causal: keys, like values, one scale per token and head
+        return super().update(keys(key_states, list(layer.kv_bits), keep), naive_values(value_states, list(layer.kv_bits), keep), layer_idx, *args, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +74,8 @@ def plan_for(model, bits: list[list[int]], keep: tuple[int, ...] = (), budget: i
     return KVPlan("heads", budget, model_shape(model.config), tuple(LayerPlan(tuple(row), keep) for row in bits))
 
 
-def plan_config(plan: KVPlan) -> QuantConfig:
-    return QuantConfig(AbsmaxMethod(plan.budget_bits), KVSite(plan))
+def plan_config(plan: KVPlan, granularity: str = "row") -> QuantConfig:
+    return QuantConfig(AbsmaxMethod(plan.budget_bits, GRANULARITY_NAMES[granularity]), KVSite(plan))
 
 
 def test_kept_positions_leave_keys_and_values_bit_identical():
@@ -81,7 +83,7 @@ def test_kept_positions_leave_keys_and_values_bit_identical():
     key = torch.randn(2, 3, 9, 5, generator=g)
     key[:, :, 0] *= 300.0  # a sink token whose keys would dominate every channel's scale
     value = torch.randn(2, 3, 9, 5, generator=g)
-    quantizer = PlanKVQuantizer(LayerPlan((4, 2, 16), (0, 3)), halves=False)
+    quantizer = PlanKVQuantizer(LayerPlan((4, 2, 16), (0, 3)), halves=False, causal=False)
     got_k, got_v = quantizer.keys(key, None), quantizer.values(value)
     for t in (0, 3):
         assert torch.equal(got_k[:, :, t], key[:, :, t]) and torch.equal(got_v[:, :, t], value[:, :, t])
@@ -101,17 +103,18 @@ def test_a_plan_at_16_bits_everywhere_equals_the_unquantized_model(models, kind)
             assert torch.equal(model(ids).logits, reference)
 
 
+@pytest.mark.parametrize("granularity", ["row", "tensor"])
 @pytest.mark.parametrize("kind", ALL_KINDS)
-def test_plans_equal_eager_attention_over_a_cache_holding_what_the_plan_says(models, kind):
+def test_plans_equal_eager_attention_over_a_cache_holding_what_the_plan_says(models, kind, granularity):
     model = models[kind]
     ids = torch.randint(0, PRESET.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
     plan = plan_for(model, [[3, 6], [5, 2]], keep=(0, 4))
     with torch.no_grad():
         model.set_attn_implementation("eager")
-        reference = model(ids, cache=PlanCache(plan), use_cache=True).logits
+        reference = model(ids, cache=PlanCache(plan, granularity == "row"), use_cache=True).logits
         unquantized = model(ids).logits
         loading.prepare(model, tile_size=4)
-        with quantized(model, plan_config(plan)):
+        with quantized(model, plan_config(plan, granularity)):
             got = model(ids).logits
     assert not torch.allclose(reference, unquantized, atol=1e-3)  # the plan changes something
     assert torch.allclose(got, reference, atol=1e-4)

@@ -256,7 +256,7 @@ def test_qk_absmax_matches_naive(models, g, dims):
 
 
 def test_qk_llm_int8_keeps_union_of_outlier_features_exact(models):
-    quantizer = _operand_quantizer(models, QuantConfig(LLMInt8Method(4, threshold=6.0), QKSite()))
+    quantizer = _operand_quantizer(models, QuantConfig(LLMInt8Method(4, threshold=6.0, granularity=PerTensor()), QKSite()))
     q, k = _qk()
     q_fq, k_fq = quantizer(q, k)
     exact = {(0, 0): [5], (1, 1): [3]}  # (sequence, KV head) -> features kept exact on both sides
@@ -269,6 +269,19 @@ def test_qk_llm_int8_keeps_union_of_outlier_features_exact(models):
                 small = x.abs().masked_fill(x.abs() >= 6.0, 0)  # bnb: outlier entries do not set the row absmax
                 scale = small.amax(dim=1, keepdim=True) / 7
                 torch.testing.assert_close(x_fq[:, rest], torch.round(x[:, rest] / scale) * scale, rtol=1e-6, atol=1e-7)
+
+
+def test_causal_qk_llm_int8_keeps_each_tokens_own_outliers_exact(models):
+    """Granularity row: a token's outlier features are its own entries ≥ threshold; no other token's count."""
+    quantizer = _operand_quantizer(models, QuantConfig(LLMInt8Method(4, threshold=6.0), QKSite()))
+    q, k = _qk()
+    for x, x_fq in zip((q, k), quantizer(q, k)):
+        for row, row_fq in zip(x.reshape(-1, x.shape[-1]), x_fq.reshape(-1, x.shape[-1])):
+            big = row.abs() >= 6.0
+            assert torch.equal(row_fq[big], row[big])
+            scale = row.abs().masked_fill(big, 0).amax() / 7
+            expected = torch.round(row[~big] / scale) * scale if scale > 0 else torch.zeros_like(row[~big])
+            torch.testing.assert_close(row_fq[~big], expected, rtol=1e-6, atol=1e-7)
 
 
 # ---- linear site vs a naive reference ----------------------------------------------------------------------

@@ -1,13 +1,14 @@
 """KV-cache precision plans: per layer and KV head bits, plus positions kept at 16 bits, derived from quantdiff's
 own statistics on calibration data and applied at the `kv` site.
 
-The cache is quantized as KIVI does (Liu et al. 2024, §3: keys per channel, values per token, absmax; `sites.KVSite`).
-A plan changes two things:
+The cache is quantized as the `kv` site says (`sites.KVSite`): by default each token as it is written, per KV head
+(causal; `quant.kv_cache` applies a plan to a real cache); at granularity tensor as KIVI does over the sequence
+(Liu et al. 2024, §3: keys per channel, values per token, absmax). A plan changes two things:
 
 - per-head bits: each (layer, KV head) has its own width, 2–16; 16 is the cache's own precision (left as is);
 - kept positions: the keys and values at these positions (indices on the cache's key axis: quantdiff right-pads, so
-  the position in the sequence) stay as the model computed them, bit for bit, and the keys' per-channel scales are
-  taken over the other positions only. This is IntactKV (Liu et al. 2024, "IntactKV: Improving Large Language
+  the position in the sequence) stay as the model computed them, bit for bit, and (KIVI) the keys' per-channel
+  scales are taken over the other positions only. This is IntactKV (Liu et al. 2024, "IntactKV: Improving Large Language
   Model Quantization by Keeping Pivot Tokens Intact") and KVSink / PrefixQuant (Chen et al. 2024): the few tokens
   carrying the massive activations and the attention sinks stay in full precision, so neither their error nor
   their size reaches the other tokens' scales.
@@ -47,7 +48,7 @@ from torch import nn
 import quantdiff.attention.backend as attention
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import structure
-from quantdiff.quant.numerics import PerColumn, PerRow, absmax, check_bits, fake_quantize_with_absmax
+from quantdiff.quant.numerics import PerColumn, PerRow, absmax, check_bits, fake_quantize_with_absmax, rowwise_absmax_quantize
 from quantdiff.stats.sinks import SINK_EPSILON
 
 PLAN_SCHEMA = "quantdiff.kv-plan"
@@ -191,7 +192,9 @@ class PlanKVQuantizer:
     the quantized keys), and `values` counts the calls to know which half of the cache heads it holds.
     Counts the (position, KV head) pairs it quantized and their bits, for `measured_bits`."""
 
-    def __init__(self, layer: LayerPlan, halves: bool) -> None:
+    def __init__(self, layer: LayerPlan, halves: bool, causal: bool = True, group_size: int | None = None) -> None:
+        self.causal = causal  # each row (token, KV head) on its own scale, as `quant.kv_cache` writes it; else KIVI's
+        self.group_size = group_size
         self.bits = layer.kv_bits
         self.keep = torch.tensor(sorted(set(layer.keep_positions)), dtype=torch.long)
         self.halves = halves
@@ -217,7 +220,10 @@ class PlanKVQuantizer:
         self._check_heads(heads, "keys")
         kept = self._kept_positions(length, key.device)
         quantized = valid if kept is None else kept.logical_not() if valid is None else valid & ~kept
-        out = _by_bits(key, self.bits, lambda x, b: fake_quantize_with_absmax(x, absmax(x, PerColumn(), mask=quantized, batch_dims=2), b))
+        if self.causal:
+            out = _by_bits(key, self.bits, lambda x, b: rowwise_absmax_quantize(x, b, self.group_size).dequant)
+        else:
+            out = _by_bits(key, self.bits, lambda x, b: fake_quantize_with_absmax(x, absmax(x, PerColumn(), mask=quantized, batch_dims=2), b))
         held = torch.ones(batch, length, dtype=torch.bool, device=key.device) if valid is None else valid.view(batch, length)
         rows = int(held.sum())
         rows_kept = 0 if kept is None else int((held & kept.view(1, length)).sum())
@@ -236,7 +242,10 @@ class PlanKVQuantizer:
             bits = tuple(self.bits[j % half + self._value_calls * half] for j in range(heads))
             self._value_calls += 1
         kept = self._kept if self._kept is not None and self._kept.shape[2] == length else self._kept_positions(length, value.device)
-        out = _by_bits(value, bits, lambda x, b: fake_quantize_with_absmax(x, absmax(x, PerRow()), b))
+        if self.causal:
+            out = _by_bits(value, bits, lambda x, b: rowwise_absmax_quantize(x, b, self.group_size).dequant)
+        else:
+            out = _by_bits(value, bits, lambda x, b: fake_quantize_with_absmax(x, absmax(x, PerRow()), b))
         return out if kept is None else torch.where(kept, value, out)
 
 
@@ -251,13 +260,14 @@ def _by_bits(x: torch.Tensor, bits: tuple[int, ...], quantize) -> torch.Tensor:
     return out
 
 
-def plan_quantizers(model: nn.Module, plan: KVPlan) -> list[PlanKVQuantizer]:
-    """One quantizer per attention tap, in layer order; the plan checked against the model first."""
+def plan_quantizers(model: nn.Module, plan: KVPlan, causal: bool = True, group_size: int | None = None) -> list[PlanKVQuantizer]:
+    """One quantizer per attention tap, in layer order; the plan checked against the model first. `causal`: rows
+    (token, KV head) quantized on their own (the default), else KIVI over the sequence (granularity tensor)."""
     check_plan_fits(plan, model.config, structure.model_label(model))
     taps = attention.taps(model)
     if len(taps) != len(plan.layers):
         raise ConfigError(f"kv plan: {structure.model_label(model)} has attention in {len(taps)} layers, the plan covers {len(plan.layers)}")
-    return [PlanKVQuantizer(layer, tap.pairing == "halves") for tap, layer in zip(taps, plan.layers)]
+    return [PlanKVQuantizer(layer, tap.pairing == "halves", causal, group_size) for tap, layer in zip(taps, plan.layers)]
 
 
 def measured_bits(model: nn.Module) -> float | None:

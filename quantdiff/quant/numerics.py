@@ -181,12 +181,19 @@ def groupwise_absmax_quantize(x: torch.Tensor, bits: int, group_size: int) -> Qu
     return QuantResult(unpad(result.codes), result.scale.squeeze(-1), unpad(result.dequant))
 
 
+def rowwise_absmax_quantize(x: torch.Tensor, bits: int, group_size: int | None = None) -> QuantResult:
+    """One scale per row of the last axis (scale (..., 1)), or per group of `group_size` consecutive entries of
+    each row (scale (..., groups)). Rows never share a scale: a weight's output channels, or a KV cache's rows
+    (one token of one KV head), each quantized on its own, whatever else the tensor holds."""
+    if group_size is None:
+        return absmax_quantize(x, bits, PerRow())
+    return groupwise_absmax_quantize(x, bits, group_size)
+
+
 def absmax_weight_quantize(weight: torch.Tensor, bits: int, group_size: int | None = None) -> QuantResult:
     """A linear weight (out, in) per output channel (scale (out, 1)), or per group of `group_size` inputs of
     each output channel (scale (out, groups)): the `linear` site's weight quantizer, which exports store."""
-    if group_size is None:
-        return absmax_quantize(weight, bits, PerRow())
-    return groupwise_absmax_quantize(weight, bits, group_size)
+    return rowwise_absmax_quantize(weight, bits, group_size)
 
 
 def expand_group_scales(scale: torch.Tensor, group_size: int, k: int) -> torch.Tensor:
@@ -230,6 +237,13 @@ class VectorwiseResult:
         if self.outliers.dim() != 2:
             raise ValueError("outlier_cols is defined for 2-d inputs; use `outliers` for batched ones")
         return torch.argwhere(self.outliers[0]).view(-1)
+
+
+def tokenwise_vectorwise_quantize(x: torch.Tensor, bits: int, threshold: float) -> torch.Tensor:
+    """LLM.int8 with every row (token) of x (..., rows, k) its own matmul input: its outlier features are its own
+    entries with |x| ≥ threshold, never another token's. This is what bitsandbytes computes when it decodes one
+    token at a time, and it keeps a token's result independent of the tokens after it. Returns the dequant."""
+    return vectorwise_quantize(x.unsqueeze(-2), bits, threshold).dequant.squeeze(-2)
 
 
 def outlier_features(x: torch.Tensor, threshold: float) -> torch.Tensor:

@@ -13,6 +13,12 @@ METHOD_NAMES = ("absmax", "llm-int8")  # fake quantization inside the model (sit
 SITE_NAMES = ("logits", "qk", "linear", "kv")
 ATTENTION_SITE_NAMES = ("logits", "qk", "kv")  # the sites inside attention, which an export can record
 GRANULARITY_NAMES: dict[str, Granularity] = {"tensor": PerTensor(), "row": PerRow(), "column": PerColumn()}
+# "row" is the default: one scale per token (per query row for logits, per token and KV head for kv), as inference
+# engines scale, so a token's quantized prediction never depends on later tokens. "tensor" (one scale per sequence,
+# the former default, kept to regenerate the published results) and "column" (per channel, over the sequence's
+# tokens) are not causal.
+DEFAULT_GRANULARITY = "row"
+CAUSAL_GRANULARITIES = ("row",)
 EXPORT_METHODS = ("absmax", "llm-int8", "nf4", "fp4")  # weight formats written by `quant.export`
 EXPORT_FORMATS = ("quantdiff", "compressed-tensors", "gguf")  # containers: our model directory, compressed-tensors' one, a GGUF file
 
@@ -39,6 +45,11 @@ def granularity(name: object) -> Granularity:
 
 def granularity_name(value: Granularity) -> str:
     return next(name for name, g in GRANULARITY_NAMES.items() if g == value)
+
+
+def is_causal(value: Granularity) -> bool:
+    """True when every token's scale comes from that token alone (no later token, no batch-mate changes it)."""
+    return granularity_name(value) in CAUSAL_GRANULARITIES
 
 
 def split_names(text: str, what: str) -> list[str]:

@@ -31,10 +31,12 @@ from quantdiff.quant.numerics import (
     check_group_size,
     fake_quantize_with_absmax,
     outlier_features,
+    rowwise_absmax_quantize,
+    tokenwise_vectorwise_quantize,
     vectorwise_quantize,
 )
 from quantdiff.quant.kv_plan import KVPlan, plan_quantizers
-from quantdiff.quant.registry import granularity_name, method_name, parse_bit_width, site_name
+from quantdiff.quant.registry import DEFAULT_GRANULARITY, granularity_name, is_causal, method_name, parse_bit_width, site_name
 from quantdiff.quant.registry import granularity as _granularity
 from quantdiff.quant.transforms import Transform, apply_transform, transform_from_dict
 
@@ -46,12 +48,15 @@ ModuleFilter = Callable[[nn.Module, str], bool]
 
 @dataclass(frozen=True)
 class AbsmaxMethod:
-    """Symmetric absmax. `granularity` applies to activations (logits, Q/K, linear inputs), per sequence:
-    PerTensor = one scale per sequence (the paper's choice for logits). Linear weights are quantized per output
-    channel, or with `weight_group_size` G in groups of G inputs of each output channel (the linear site only)."""
+    """Symmetric absmax. `granularity` applies to activations (logits, Q/K, linear inputs) and the KV cache.
+    PerRow, the default, is causal: one scale per token (linear inputs; Q and K per token and head), per query row
+    over its causal entries (logits), per token and KV head (kv). PerTensor is the former default, one scale per
+    sequence, and PerColumn one per channel over the sequence's tokens: both let later tokens change earlier
+    tokens' scales (not causal). Linear weights are quantized per output channel, or with `weight_group_size` G
+    in groups of G inputs of each output channel (the linear site only)."""
 
     bits: int
-    granularity: Granularity = PerTensor()
+    granularity: Granularity = PerRow()
     weight_group_size: int | None = None
 
     def __post_init__(self) -> None:
@@ -64,15 +69,23 @@ class AbsmaxMethod:
 
 @dataclass(frozen=True)
 class LLMInt8Method:
-    """LLM.int8 (vector-wise absmax + exact outlier feature columns), generalised to `bits`."""
+    """LLM.int8 (vector-wise absmax + exact outlier feature columns), generalised to `bits`.
+
+    `granularity` says where the outlier features are chosen: PerRow (the default, causal) per token, each token's
+    own entries at or above the threshold, as bitsandbytes finds them decoding one token at a time; PerTensor (not
+    causal) the columns where any token of the sequence holds one, as bitsandbytes finds them over a whole prompt.
+    The row scales are per token either way."""
 
     bits: int = 8
     threshold: float = LLM_INT8_THRESHOLD
+    granularity: Granularity = PerRow()
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
         if not self.threshold > 0:
             raise ConfigError(f"LLM.int8 threshold must be positive, got {self.threshold}")
+        if not isinstance(self.granularity, (PerRow, PerTensor)):
+            raise ConfigError(f"LLM.int8 chooses its outlier features per token (granularity row) or per sequence (tensor), not {self.granularity!r}")
 
 
 Method = AbsmaxMethod | LLMInt8Method
@@ -111,14 +124,22 @@ class LinearSite:
 
 @dataclass(frozen=True)
 class KVSite:
-    """The keys and values attention reads, after RoPE, as a KV cache holds them (KIVI, Liu et al. 2024, §3):
-    keys per channel (one scale per sequence, KV head and channel, over the sequence's tokens), values per token
-    (one scale per sequence, KV head and token, over the head's channels). Absmax only, at any 2–16 bits; KIVI's
-    token groups and full-precision window of recent tokens are left out: one scale spans the whole sequence.
+    """The keys and values attention reads, after RoPE, as a KV cache holds them. Absmax only, at any 2–16 bits.
+    At the default granularity (row, causal) each token is quantized as it is written: keys and values one scale
+    per token and KV head over the head's channels, or per `group_size` channels of it (vLLM's per-token-head
+    INT8 KV, llama.cpp's q8_0/q4_0 blocks of 32); `quantdiff.kv_cache` stores exactly these codes.
+    At granularity tensor (the former default, not causal) KIVI's scheme over the whole sequence (Liu et al.
+    2024, §3): keys per channel (one scale per sequence, KV head and channel, over the sequence's tokens), values
+    per token; KIVI's token groups and full-precision window of recent tokens are left out.
     `plan`: per-layer, per-KV-head bits and positions kept at 16 bits (`quant.kv_plan`); the method's bits are
     then the plan's budget."""
 
     plan: KVPlan | None = None
+    group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.group_size is not None:
+            check_group_size(self.group_size)
 
 
 Site = LogitsSite | QKSite | LinearSite | KVSite
@@ -147,7 +168,7 @@ def _method_to_dict(method: Method) -> dict:
     if isinstance(method, AbsmaxMethod):
         grouped = {} if method.weight_group_size is None else {"weight_group_size": method.weight_group_size}
         return {"name": "absmax", "bits": method.bits, "granularity": granularity_name(method.granularity), **grouped}
-    return {"name": "llm-int8", "bits": method.bits, "threshold": method.threshold}
+    return {"name": "llm-int8", "bits": method.bits, "threshold": method.threshold, "granularity": granularity_name(method.granularity)}
 
 
 def _site_to_dict(site: Site) -> dict:
@@ -156,8 +177,9 @@ def _site_to_dict(site: Site) -> dict:
             raise ConfigError("a linear site with a custom module filter cannot be serialised")
         transform = {} if site.transform is None else {"transform": site.transform.to_dict()}
         return {"name": "linear", "include_lm_head": site.include_lm_head, "weights": site.weights, "inputs": site.inputs, **transform}
-    if isinstance(site, KVSite) and site.plan is not None:
-        return {"name": "kv", "plan": site.plan.to_dict()}
+    if isinstance(site, KVSite) and (site.plan is not None or site.group_size is not None):
+        grouped = {} if site.group_size is None else {"group_size": site.group_size}
+        return {"name": "kv", **({} if site.plan is None else {"plan": site.plan.to_dict()}), **grouped}
     return {"name": next(name for name, site_type in SITE_TYPES.items() if isinstance(site, site_type))}
 
 
@@ -166,10 +188,12 @@ def _method_from_dict(data: object) -> Method:
         raise ConfigError("quantization method must be an object")
     fields = dict(data)
     name = method_name(fields.pop("name", None))
+    # A config written before causal scales became the default names no granularity: it ran per sequence.
+    granularity = _granularity(fields.pop("granularity", "tensor"))
     try:
         if name == "absmax":
-            return AbsmaxMethod(granularity=_granularity(fields.pop("granularity", "tensor")), **fields)
-        return LLMInt8Method(**fields)
+            return AbsmaxMethod(granularity=granularity, **fields)
+        return LLMInt8Method(granularity=granularity, **fields)
     except TypeError as exc:  # unknown or missing keys
         raise ConfigError(f"bad {name} method settings: {exc}") from None
 
@@ -193,7 +217,7 @@ def parse_config(
     method: str,
     bits: int | str,
     site: str,
-    granularity: str = "tensor",
+    granularity: str = DEFAULT_GRANULARITY,
     threshold: float = LLM_INT8_THRESHOLD,
     include_lm_head: bool = False,
     group_size: int | None = None,
@@ -201,13 +225,19 @@ def parse_config(
 ) -> QuantConfig:
     """Names to config types (the CLI's and the API's way in). Raises ConfigError with a one-line message.
 
-    group_size: absmax weights in groups of that many inputs per output channel (site linear only).
+    granularity: "row" (default, causal: per token / query row / token and KV head), "tensor" (one scale per
+    sequence, not causal: the former default) or "column" (per channel over the sequence, not causal).
+    group_size: absmax weights in groups of that many inputs per output channel (site linear), or the KV cache's
+    rows in groups of that many channels (site kv, granularity row).
     transform: a Hadamard rotation or SmoothQuant smoothing before quantizing (site linear only)."""
     bits = parse_bit_width(bits)
     if transform is not None and not isinstance(transform, get_args(Transform)):  # a name is not a transform
         raise ConfigError(f"transform must be None, a HadamardRotation or a Smoothing (quantdiff.HadamardRotation()), got {transform!r}")
-    if group_size is not None and site_name(site) != "linear":
-        raise ConfigError(f"a group size sets how the linear site's weights are quantized, not site {site!r}")
+    if group_size is not None and site_name(site) not in ("linear", "kv"):
+        raise ConfigError(f"a group size sets how the linear site's weights or the kv site's rows are quantized, not site {site!r}")
+    kv_groups = group_size if site_name(site) == "kv" else None
+    if kv_groups is not None:
+        group_size = None  # the cache's rows are grouped, not any weight
     if transform is not None and site_name(site) != "linear":
         raise ConfigError(f"a {transform.name} transform acts on the linear site's inputs and weights, not site {site!r}")
     if method_name(method) == "absmax":
@@ -215,9 +245,12 @@ def parse_config(
     elif group_size is not None:
         raise ConfigError("group-wise weights are an absmax option: LLM.int8 quantizes weights per output channel")
     else:
-        method_cfg = LLMInt8Method(bits, threshold)
+        method_cfg = LLMInt8Method(bits, threshold, _granularity(granularity))
     site_type = SITE_TYPES[site_name(site)]
-    site_cfg: Site = site_type(include_lm_head=include_lm_head, transform=transform) if site_type is LinearSite else site_type()
+    if site_type is LinearSite:
+        site_cfg: Site = site_type(include_lm_head=include_lm_head, transform=transform)
+    else:
+        site_cfg = KVSite(group_size=kv_groups) if site_type is KVSite else site_type()
     config = QuantConfig(method_cfg, site_cfg)
     check_supported(config)
     return config
@@ -263,6 +296,9 @@ class LLMInt8QKQuantizer:
     method: LLMInt8Method
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if is_causal(self.method.granularity):  # each token and head its own outlier features, on each side
+            bits, threshold = self.method.bits, self.method.threshold
+            return tokenwise_vectorwise_quantize(q, bits, threshold), tokenwise_vectorwise_quantize(k, bits, threshold)
         b, h, _, d = q.shape
         hkv = k.shape[1]
         q_out = outlier_features(q, self.method.threshold)  # (B, H, 1, D)
@@ -278,16 +314,29 @@ class LLMInt8QKQuantizer:
 
 @dataclass(frozen=True)
 class KVQuantizer:
-    """A tap's K/V quantizer (`KVSite`); K (B, Hkv, S, D) and V (B, Hkv, S, Dv) in the layout the KV cache holds."""
+    """A tap's K/V quantizer (`KVSite`); K (B, Hkv, S, D) and V (B, Hkv, S, Dv) in the layout the KV cache holds.
+    Causal (the default): every row, one token of one KV head, on its own scale(s), as `kv_cache` writes it;
+    otherwise KIVI over the sequence (keys per channel, values per token)."""
 
     bits: int
+    causal: bool = True
+    group_size: int | None = None
 
     def keys(self, key: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
         """valid (B, 1, S, 1) bool: the key positions some query may attend to (padding is not in a sequence's cache)."""
+        if self.causal:
+            return rowwise_absmax_quantize(key, self.bits, self.group_size).dequant
         return fake_quantize_with_absmax(key, absmax(key, PerColumn(), mask=valid, batch_dims=2), self.bits)
 
     def values(self, value: torch.Tensor) -> torch.Tensor:
+        if self.causal:
+            return rowwise_absmax_quantize(value, self.bits, self.group_size).dequant
         return fake_quantize_with_absmax(value, absmax(value, PerRow()), self.bits)
+
+
+def causal(config: QuantConfig | None) -> bool:
+    """True when the configuration never lets a later token change an earlier token's quantization."""
+    return config is None or is_causal(config.method.granularity)
 
 
 def fake_quant_weight(weight: torch.Tensor, method: Method) -> torch.Tensor:
@@ -301,8 +350,11 @@ def fake_quant_weight(weight: torch.Tensor, method: Method) -> torch.Tensor:
 
 
 def fake_quant_input(x: torch.Tensor, method: Method) -> torch.Tensor:
-    """A linear layer's input (B, T, k) or (N, k), quantized per sequence (never across the batch)."""
+    """A linear layer's input (B, T, k) or (N, k): per token (causal granularity row), or per sequence, never
+    across the batch."""
     if isinstance(method, LLMInt8Method):
+        if is_causal(method.granularity):
+            return tokenwise_vectorwise_quantize(x, method.bits, method.threshold)
         # Outlier columns per sequence: rows of one (T, k) slice; a 2-d input is one sequence.
         return vectorwise_quantize(x, method.bits, method.threshold).dequant
     return absmax_quantize(x, method.bits, method.granularity, batch_dims=1 if x.dim() > 2 else 0).dequant
@@ -333,9 +385,11 @@ def check_supported(config: QuantConfig) -> None:
             raise ConfigError("logits quantization is per tensor or per row, not per column")
     if isinstance(config.site, KVSite):
         if isinstance(config.method, LLMInt8Method):
-            raise ConfigError("site kv is KIVI's absmax (keys per channel, values per token); llm-int8 is not defined there")
-        if config.method.granularity != PerTensor():
-            raise ConfigError("site kv fixes its granularity (keys per channel, values per token): leave the granularity at its default")
+            raise ConfigError("site kv is absmax (per token and KV head, or KIVI's per sequence); llm-int8 is not defined there")
+        if isinstance(config.method.granularity, PerColumn):
+            raise ConfigError("site kv is quantized per token and KV head (granularity row) or as KIVI over the sequence (tensor), not per column")
+        if config.site.group_size is not None and not is_causal(config.method.granularity):
+            raise ConfigError("a kv group size splits each token's row into groups: it needs granularity row, not tensor")
         if config.site.plan is not None and config.method.bits != config.site.plan.budget_bits:
             raise ConfigError(f"a kv plan at a budget of {config.site.plan.budget_bits} bits needs a method at {config.site.plan.budget_bits} bits, not {config.method.bits}")
 
@@ -373,10 +427,11 @@ def _apply_qk(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
 
 @register_site(KVSite)
 def _apply_kv(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
+    causal = is_causal(config.method.granularity)
     if config.site.plan is None:
-        _set_on_taps(model, "kv_quantizer", KVQuantizer(config.method.bits), undo)
+        _set_on_taps(model, "kv_quantizer", KVQuantizer(config.method.bits, causal, config.site.group_size), undo)
         return
-    for tap, quantizer in zip(_model_taps(model), plan_quantizers(model, config.site.plan)):
+    for tap, quantizer in zip(_model_taps(model), plan_quantizers(model, config.site.plan, causal, config.site.group_size)):
         if tap.kv_quantizer is not None:
             raise ConfigError(f"layer {tap.layer_idx} already has a kv quantizer: remove it first")
         tap.kv_quantizer = quantizer

@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bits", default="4,3,2")
     parser.add_argument("--keep-first", type=int, default=1, help="policy first: positions kept at 16 bits")
     parser.add_argument("--calibration-tokens", type=int, default=4096)
+    parser.add_argument("--granularity", default="row", help="the sweeps' scales: row (causal, the default) or tensor (non-causal: the published run)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--report-only", action="store_true", help="rewrite report.md and summary.json of an existing --out from its runs")
     parser.add_argument("--update", action="store_true",
@@ -77,7 +78,8 @@ def run_model(model: dict, group: dict, tmp: Path, args: argparse.Namespace, run
     json_name = f"runs/{slug(name)}.json"
     sweep_argv = lambda root: ["sweep", name, "--task", task, "--site", "kv", "--bits", args.bits, "--method", "absmax",  # noqa: E731
                                *[x for f in files for x in ("--kv-plan", str(root / f))], "--limit", str(group["limit"]),
-                               "--blocks", str(args.blocks), "--json", str(root / json_name), "--quiet", *device]
+                               "--blocks", str(args.blocks), "--json", str(root / json_name), "--quiet",
+                               "--granularity", args.granularity, *device]
     start = time.perf_counter()
     quantdiff_main(sweep_argv(tmp))
     runs.append({"model": name, "step": "sweep", "command": "quantdiff " + shlex.join(sweep_argv(args.out)), "json": json_name, "wall_s": time.perf_counter() - start})
@@ -224,6 +226,14 @@ def answer(summary: dict) -> list[str]:
     return lines + ["", verdict(helped_by_kind), "", caveat]
 
 
+def scales_sentence(granularity: str) -> str:
+    """The cache's scales, said in the report (a manifest from before `--granularity` existed ran per sequence)."""
+    if granularity == "tensor":
+        return ("Scales: granularity `tensor`, **non-causal**: keys per channel over the whole sequence and values per token "
+                "(KIVI), so later tokens set earlier keys' scales; no cache quantizes so (each token is written before the next exists).")
+    return "Scales: granularity `row` (causal): keys and values per token and KV head, as `quantdiff.kv_cache` stores them."
+
+
 def write_report(out: Path) -> None:
     from quantdiff.core.atomic import write_json
     from quantdiff.report.markdown import md_table
@@ -240,6 +250,7 @@ def write_report(out: Path) -> None:
              "positions counted at 16 (scales not counted). `heads` at 2 bits does not exist (it would need 1-bit heads).\n\n",
              f"Settings: blocks {manifest['blocks']}, keep-first {manifest['keep_first']}, calibration {manifest['calibration_tokens']} tokens "
              f"({', '.join(f'{t}: {c}' for t, c in CALIBRATION.items())}), never the evaluated items; {manifest['setting']}. "
+             f"{scales_sentence(manifest.get('granularity', 'tensor'))} "
              f"Run as `OMP_WAIT_POLICY=PASSIVE {manifest['command']}` in {manifest['wall_s'] / 60:.0f} min on {manifest['machine']}.\n\n"]
     for group in summary["groups"]:
         parts.append(f"\n## Task {group['task']} ({group['metric']})\n\n")
@@ -336,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = {"lm": f"lm: {args.lm_limit} windows of 256 tokens per cell (script default 32)", "bb": f"bb: {args.bb_limit} sequences per cell"}
         setting = "; ".join(sizes[g["name"]] for g in groups)
         manifest = {"quantdiff_version": __version__, "command": command, "blocks": args.blocks, "bits": args.bits, "keep_first": args.keep_first,
-                    "calibration_tokens": args.calibration_tokens, "setting": setting, "groups": groups, "runs": runs,
+                    "calibration_tokens": args.calibration_tokens, "granularity": args.granularity, "setting": setting, "groups": groups, "runs": runs,
                     "wall_s": time.perf_counter() - start, "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"}
         if kept:
             manifest = merged_manifest(kept, manifest)

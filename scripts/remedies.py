@@ -47,6 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bb-limit", type=int, default=256, help="held-out bb sequences per cell")
     parser.add_argument("--blocks", type=int, default=8, help="blocks of items per cell, for intervals")
     parser.add_argument("--calibration-tokens", type=int, default=8192, help="tokens of SmoothQuant's calibration pass")
+    parser.add_argument("--granularity", default="row", help="the sweeps' scales: row (causal, the default) or tensor (non-causal: the published run)")
     parser.add_argument("--device", default=None)
     return parser.parse_args(argv)
 
@@ -67,7 +68,8 @@ def describe_models(specs: list[str]) -> list[dict]:
 
 
 def sweep_argv(specs: list[str], group: dict, remedy: str, json_path: Path, args: argparse.Namespace) -> list[str]:
-    argv = ["sweep", *specs, "--task", group["task"], *REMEDIES[remedy], *group["options"], "--blocks", str(args.blocks), "--json", str(json_path), "--quiet"]
+    argv = ["sweep", *specs, "--task", group["task"], *REMEDIES[remedy], *group["options"], "--blocks", str(args.blocks), "--json", str(json_path), "--quiet",
+            "--granularity", args.granularity]
     argv += ["--calibration-tokens", str(args.calibration_tokens)] if remedy == "smooth" else []
     return argv + ([] if args.device is None else ["--device", args.device])
 

@@ -69,11 +69,12 @@ def check_calibration_source(source: str, task: str | None, data: str | Path | N
 KVPlanOpt = Annotated[Optional[list[Path]], typer.Option("--kv-plan", help="Apply a KV-cache precision plan (a `quantdiff kv-plan` file: bits per layer and KV head, positions kept at 16 bits) at site kv; repeat for several (sweep). Refused for a model of another shape, or when its calibration data is the evaluation data.")]
 
 
-def load_kv_plans(paths: list[Path] | None, task: str | None, data: str | Path | None) -> list:
-    """Each --kv-plan file as a site-kv configuration at its budget; ConfigError in one line for a bad file or a
-    plan calibrated on the evaluation data."""
+def load_kv_plans(paths: list[Path] | None, task: str | None, data: str | Path | None, granularity: str = "row") -> list:
+    """Each --kv-plan file as a site-kv configuration at its budget and `granularity` (`registry`); ConfigError in
+    one line for a bad file or a plan calibrated on the evaluation data."""
     from quantdiff.quant.kv_plan import KVPlan
-    from quantdiff.quant.sites import AbsmaxMethod, KVSite, QuantConfig
+    from quantdiff.quant.registry import granularity as parse_granularity
+    from quantdiff.quant.sites import AbsmaxMethod, KVSite, QuantConfig, check_supported
 
     configs = []
     for path in paths or []:
@@ -81,7 +82,9 @@ def load_kv_plans(paths: list[Path] | None, task: str | None, data: str | Path |
         source = plan.evidence.get("calibration", {}).get("source")
         if source is not None:
             check_calibration_source(source, task, data, flag=f"--kv-plan {path}: its calibration", exists=False)
-        configs.append(QuantConfig(AbsmaxMethod(plan.budget_bits), KVSite(plan)))
+        config = QuantConfig(AbsmaxMethod(plan.budget_bits, parse_granularity(granularity)), KVSite(plan))
+        check_supported(config)
+        configs.append(config)
     return configs
 
 

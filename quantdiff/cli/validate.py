@@ -33,7 +33,7 @@ def refuse_unused(reason: str, **given: object) -> None:
 
 
 def check_group_option(group_size: int | None, sites: list[str]) -> None:
-    """--group-size: a positive integer, and only where the linear site's weights are quantized."""
+    """--group-size: a positive integer, and only where the linear site's weights or the kv site's rows are quantized."""
     check_positive(group_size=group_size)
-    if group_size is not None and sites != ["linear"]:
-        raise ConfigError(f"--group-size sets the linear site's weight groups: use it with --site linear, not {','.join(sites)}")
+    if group_size is not None and sites not in (["linear"], ["kv"]):
+        raise ConfigError(f"--group-size sets the linear site's weight groups or the kv site's row groups: use it with --site linear or --site kv, not {','.join(sites)}")

@@ -5,6 +5,8 @@ configuration. A (method, site) pair the quantizers do not support — LLM.int8 
 outlier decomposition is defined for matmul operands — is skipped with its reason, never silently remapped.
 A linear-site transform (Hadamard rotation, SmoothQuant) is recorded in each cell it applies to; with `blocks`,
 each cell is also evaluated block by block (contiguous blocks of the task's items) for intervals by batch means.
+Every cell records its granularity and whether it is causal (`registry.is_causal`): granularity tensor, the
+former default, lets later tokens set earlier tokens' scales, and its cells say so.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from torch import nn
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.quant.numerics import check_bits
-from quantdiff.quant.registry import method_name, site_name
+from quantdiff.quant.registry import DEFAULT_GRANULARITY, CAUSAL_GRANULARITIES, granularity, granularity_name, method_name, site_name
 from quantdiff.quant.kv_plan import KVPlan, measured_bits
 from quantdiff.quant.sites import KVSite, LinearSite, QuantConfig, linear_targets, parse_config, quantized
 from quantdiff.quant.transforms import Transform, transform_record
@@ -41,6 +43,11 @@ class Cell:
     transform: dict | None = None  # the linear site's rotation or smoothing, as `transforms.transform_record` gives it
     blocks: list[dict] | None = None  # metrics of each block of items, when evaluated by blocks
     kv_plan: dict | None = None  # a kv plan's policy, budget and the effective bits it measured (`quant.kv_plan`)
+    granularity: str | None = None  # registry.GRANULARITY_NAMES; None for the reference
+
+    @property
+    def causal(self) -> bool:
+        return self.granularity is None or self.granularity in CAUSAL_GRANULARITIES
 
     @property
     def is_reference(self) -> bool:
@@ -54,7 +61,7 @@ class Cell:
         optional = {k: v for k, v in (("group_size", self.group_size), ("transform", self.transform), ("kv_plan", self.kv_plan)) if v is not None}
         blocks = {} if self.blocks is None else {"blocks": self.blocks}
         return {"model": self.model, "task": self.task, "method": self.method, "bits": self.bits, "site": self.site,
-                **optional, **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits, **blocks}
+                "granularity": self.granularity, "causal": self.causal, **optional, **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits, **blocks}
 
 
 @dataclass(frozen=True)
@@ -64,11 +71,15 @@ class SweepPlan:
 
 
 def plan_sweep(
-    methods: Sequence[str], bits: Sequence[int], sites: Sequence[str], group_size: int | None = None, transform: Transform | None = None
+    methods: Sequence[str], bits: Sequence[int], sites: Sequence[str], group_size: int | None = None, transform: Transform | None = None,
+    scales: str = DEFAULT_GRANULARITY,
 ) -> SweepPlan:
     """Every supported (method, site, bits) configuration; unknown names are errors, unsupported pairs skipped.
-    group_size: absmax weights at the linear site in groups of that many inputs (LLM.int8 is then skipped).
-    transform: a rotation or smoothing at the linear site, which must then be the only site."""
+    group_size: absmax weights at the linear site in groups of that many inputs (LLM.int8 is then skipped), or
+    the kv site's rows in groups of that many channels.
+    transform: a rotation or smoothing at the linear site, which must then be the only site.
+    scales: every configuration's granularity (`sites.parse_config`); "tensor" is the former, non-causal default."""
+    granularity(scales)
     if transform is not None and list(dict.fromkeys(sites)) != ["linear"]:
         raise ConfigError(f"--{'rotate' if transform.name == 'hadamard' else 'smooth'} transforms the linear site: use it with --site linear only")
     methods = [method_name(name) for name in methods]
@@ -80,7 +91,7 @@ def plan_sweep(
     for method in dict.fromkeys(methods):
         for site in dict.fromkeys(sites):
             try:
-                configs.extend(parse_config(method, b, site, group_size=group_size, transform=transform) for b in dict.fromkeys(bits))
+                configs.extend(parse_config(method, b, site, scales, group_size=group_size, transform=transform) for b in dict.fromkeys(bits))
             except ConfigError as exc:  # names and bits are valid, so this pair is unsupported
                 skipped.append(f"{method} at site {site}: {exc}")
     if not configs:
@@ -97,8 +108,15 @@ def describe(config: QuantConfig | None) -> tuple[str | None, int | None, str | 
 
 
 def group_size_of(config: QuantConfig | None) -> int | None:
-    """The weight group size of a configuration, None when weights are per output channel (or not quantized)."""
-    return None if config is None else getattr(config.method, "weight_group_size", None)
+    """The group size of a configuration (the linear site's weights, the kv site's rows), None when weights are
+    per output channel and cache rows whole (or nothing is quantized)."""
+    if config is None:
+        return None
+    return getattr(config.method, "weight_group_size", None) or getattr(config.site, "group_size", None)
+
+
+def granularity_of(config: QuantConfig | None) -> str | None:
+    return None if config is None else granularity_name(config.method.granularity)
 
 
 def transform_of(config: QuantConfig | None) -> Transform | None:
@@ -113,11 +131,12 @@ def transform_tag(transform: dict | None) -> str:
 
 
 def label(method: str | None, bits: int | None, site: str | None, group_size: int | None = None, transform: dict | None = None,
-          kv_plan: dict | None = None) -> str:
+          kv_plan: dict | None = None, granularity: str | None = None) -> str:
     if method is None:
         return REFERENCE
     plan = "" if kv_plan is None else f" plan:{kv_plan['policy']}"
-    return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'}{transform_tag(transform)} @{site}{plan}"
+    scales = "" if granularity in (None, DEFAULT_GRANULARITY) else f" [{granularity}{'' if granularity in CAUSAL_GRANULARITIES else ', non-causal'}]"
+    return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'}{transform_tag(transform)} @{site}{plan}{scales}"
 
 
 def kv_plan_of(config: QuantConfig | None) -> KVPlan | None:
@@ -125,7 +144,7 @@ def kv_plan_of(config: QuantConfig | None) -> KVPlan | None:
 
 
 def cell_label(cell: Cell) -> str:
-    return label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform, cell.kv_plan)
+    return label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform, cell.kv_plan, cell.granularity)
 
 
 CellProgress = Callable[[str, int], Callable[[float], None]]  # (label, total units) -> advance(n)
@@ -170,7 +189,7 @@ def run_cell(
     record = None if transform is None else transform_record(transform, model, [m for _, m in linear_targets(model, config.site, allow_partial)])
     plan = kv_plan_of(config)
     plan_record = None if plan is None else plan.record()
-    advance = progress(f"{name} · {label(*describe(config), group_size_of(config), record, plan_record)}", len(prepared)) if progress is not None else None
+    advance = progress(f"{name} · {label(*describe(config), group_size_of(config), record, plan_record, granularity_of(config))}", len(prepared)) if progress is not None else None
     with quantized(model, config, allow_partial), counting_scored_logits() as scored:
         metrics, per_block = _evaluate(model, task, prepared, advance, blocks)
         if plan_record is not None:
@@ -178,7 +197,7 @@ def run_cell(
     if scored.nonfinite:
         metrics.update(dict.fromkeys(task.metrics))
         per_block = None
-    return Cell(name, task.name, *describe(config), metrics, scored.nonfinite, group_size_of(config), record, per_block, plan_record)
+    return Cell(name, task.name, *describe(config), metrics, scored.nonfinite, group_size_of(config), record, per_block, plan_record, granularity_of(config))
 
 
 def run_model_cells(
@@ -222,7 +241,9 @@ def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None 
 
 
 def cells_from_json(data: dict[str, Any]) -> list[Cell]:
-    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks", "kv_plan")
+    """Cells of a sweep JSON. A quantized cell written before cells recorded their granularity ran per sequence:
+    it reads back as granularity tensor (non-causal)."""
+    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks", "kv_plan", "granularity", "causal")
     return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0), d.get("group_size"),
-                 d.get("transform"), d.get("blocks"), d.get("kv_plan"))
+                 d.get("transform"), d.get("blocks"), d.get("kv_plan"), d.get("granularity", None if d["method"] is None else "tensor"))
             for d in data["cells"]]

@@ -96,10 +96,10 @@ def measure_arms(recipe: Recipe, specs: list[tuple[str, Path]], tasks: list, opt
 
     analysis = recipe.analysis
     methods = [method_name(m) for m in analysis.methods]  # recipes may write llm_int8
-    plan = plan_sweep(methods, analysis.bits, analysis.sites)
+    plan = plan_sweep(methods, analysis.bits, analysis.sites, scales=analysis.granularity)
     # Weight/input (linear) quantization is swept on lm (bb) only: the cheap per-token metric, and the paper's
     # question for the other tasks is attention quantization (logits, qk).
-    attention_plan = plan_sweep(methods, analysis.bits, [s for s in analysis.sites if s != "linear"] or analysis.sites)
+    attention_plan = plan_sweep(methods, analysis.bits, [s for s in analysis.sites if s != "linear"] or analysis.sites, scales=analysis.granularity)
     out.mkdir(parents=True, exist_ok=True)
     stats_doc = run_stats(
         StatsOptions(
@@ -137,7 +137,7 @@ def setup_context(options: ReproduceOptions, trained, stats_doc: dict) -> dict:
     from quantdiff.quant.registry import method_name
 
     recipe, analysis = trained.recipe, trained.recipe.analysis
-    skipped = plan_sweep([method_name(m) for m in analysis.methods], analysis.bits, analysis.sites).skipped
+    skipped = plan_sweep([method_name(m) for m in analysis.methods], analysis.bits, analysis.sites, scales=analysis.granularity).skipped
     seeds = list(trained.runs)
     return {
         "models": (f"{options.target} ({len(trained.dirs)} model directories, {trained.dirs[0].parent.parent}/seed-<s>/<arm>)" if trained.multi_seed
@@ -150,9 +150,17 @@ def setup_context(options: ReproduceOptions, trained, stats_doc: dict) -> dict:
         "arms (same batches, same initial seed)": "; ".join(arm_line(arm, recipe) for arm in recipe.arms),
         "statistics data": f"{stats_doc['data']['tokens']:,} held-out tokens per model ({stats_doc['data']['source']}), sequences of {analysis.seq_len}",
         "quantization": f"methods {', '.join(analysis.methods)}; bits {', '.join(map(str, analysis.bits))}; "
-        f"sites {', '.join(analysis.sites)} (linear on tasks {', '.join(PER_TOKEN_TASKS)} only); skipped: {'; '.join(skipped) or 'none'}",
+        f"sites {', '.join(analysis.sites)} (linear on tasks {', '.join(PER_TOKEN_TASKS)} only); granularity {granularity_text(analysis.granularity)}; "
+        f"skipped: {'; '.join(skipped) or 'none'}",
         "kernels": kernels_line(options.device),
     }
+
+
+def granularity_text(name: str) -> str:
+    """'row (causal)' or 'tensor (non-causal: one scale per sequence)': a report never shows a non-causal cell unlabelled."""
+    from quantdiff.quant.registry import CAUSAL_GRANULARITIES
+
+    return f"{name} (causal)" if name in CAUSAL_GRANULARITIES else f"{name} (non-causal: later tokens set earlier tokens' scales)"
 
 
 def kernels_line(device: str | None = None) -> str:

@@ -39,6 +39,7 @@ class RealModelPlan:
     sites: tuple[str, ...] = ("linear", "qk")
     weight_bits: int = 4
     group_size: int = 128
+    granularity: str = "row"  # the sweep cells' scales (`quant.registry`); "tensor" is not causal
 
 
 # Gemma 3's 262K-entry vocabulary makes each scored token about twice SmolLM2's work (its tied LM head alone is
@@ -81,7 +82,7 @@ def measure_lm(model: nn.Module, tokenizer, name: str, plan: RealModelPlan, bos:
 
     task = make_task("lm", tokens=plan.windows * plan.context, context=plan.context)
     prepared = task.prepare(tokenizer, plan.windows, bos.token_id)
-    configs = plan_sweep(plan.methods, plan.bits, plan.sites).configs
+    configs = plan_sweep(plan.methods, plan.bits, plan.sites, scales=plan.granularity).configs
     cells = [cell.to_dict() for cell in run_model_cells(name, model, task, prepared, configs, progress)]
     weight_only = []
     for fmt in weight_formats(plan):

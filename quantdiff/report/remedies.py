@@ -226,6 +226,18 @@ def _as_dict(estimate: Estimate | None) -> dict | None:
     return None if estimate is None else estimate.to_dict()
 
 
+def _scales_line(groups: list[Group]) -> str:
+    """How the cells' scales were taken, from the granularity they record (`eval.sweep.Cell`)."""
+    names = sorted({cell.granularity for group in groups for arm in group.arms.values() for cells in arm.seeds.values() for cell, _ in cells.values()})
+    if names == ["tensor"]:
+        return ("- scales: granularity `tensor`, **non-causal** (later tokens set earlier tokens' scales; no inference engine "
+                "quantizes so): `linear`: nn.Linear weights per output channel, inputs per tensor per sequence (absmax), or "
+                "LLM.int8 with outlier columns chosen over the sequence; `logits`: pre-softmax scores per sequence; `qk`: Q and K "
+                "operands per sequence; `kv`: keys per channel, values per token (KIVI) after RoPE")
+    return (f"- scales: granularity {', '.join(f'`{n}`' for n in names)} (`row`, causal: inputs, Q and K per token, logits per "
+            "query row, keys and values per token and KV head; LLM.int8 outliers per token); nn.Linear weights per output channel")
+
+
 def _setup_lines(manifest: dict, groups: list[Group]) -> list[str]:
     """What was run: models, data sizes, blocks, the remedies' settings as the cells record them."""
     lines = []
@@ -303,9 +315,7 @@ def render(manifest: dict, groups: list[Group], plots: list[str]) -> str:
         "## The answer",
         "\n".join(line for group in groups for line in answer_lines(group)),
         "## Setup",
-        "\n".join(_setup_lines(manifest, groups)) + "\n- `linear`: nn.Linear weights per output channel, inputs per tensor per "
-        "sequence (absmax), or LLM.int8 (vector-wise, |x| ≥ 6 columns exact); `logits`: pre-softmax scores per sequence; "
-        "`qk`: Q and K operands; `kv`: keys per channel, values per token (KIVI) after RoPE",
+        "\n".join(_setup_lines(manifest, groups)) + "\n" + _scales_line(groups),
     ]
     for group in groups:
         parts += [f"## `{group.name}`: the linear site", sweep_table(group, LINEAR_VARIANTS),

@@ -41,7 +41,7 @@ from quantdiff.models.names import ASSETS
 from quantdiff.data import bigram_backcopy
 from quantdiff.models.pairs import ALL_KINDS, KINDS, SizePreset, check_seed, preset_from_dict
 from quantdiff.quant.numerics import check_bits
-from quantdiff.quant.registry import method_name, site_name
+from quantdiff.quant.registry import granularity, method_name, site_name
 from quantdiff.report.markdown import reference_name
 from quantdiff.train.recipe_types import check_types
 
@@ -132,6 +132,9 @@ class AnalysisConfig:
     bits: list[int] = field(default_factory=lambda: [16, 8, 6, 4])
     methods: list[str] = field(default_factory=lambda: ["absmax", "llm_int8"])
     sites: list[str] = field(default_factory=lambda: ["logits", "qk", "linear"])
+    # The sweep's scales (`quant.registry`): "row", causal, by default; the shipped recipes name "tensor", the
+    # former per-sequence (non-causal) scales their published results were computed with.
+    granularity: str = "row"
     # The primary comparisons, named before the run: each of primary_arms against the reference arm on each of
     # primary_metrics (seeds.json keys), Holm-corrected as one family in the report; all else is exploratory.
     primary_metrics: list[str] = field(default_factory=list)
@@ -313,6 +316,7 @@ def _check(recipe: Recipe) -> None:
             site_name(site)
         for bits in analysis.bits:
             check_bits(bits)
+        granularity(analysis.granularity)
     except ConfigError as exc:
         raise ConfigError(f"[analysis] {exc}") from None
 

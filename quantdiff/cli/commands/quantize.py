@@ -24,6 +24,7 @@ def quantize(
     attention_bits: Annotated[Optional[str], typer.Option("--attention-bits", help="Also record an attention quantization (2–16 bits); quantdiff re-applies it on load (--format quantdiff only: other formats' loaders would not).")] = None,
     attention_method: Annotated[Optional[str], typer.Option("--attention-method", help="absmax (default) or llm-int8 (with --attention-bits).")] = None,
     attention_site: Annotated[Optional[str], typer.Option("--attention-site", help="logits (default), qk or kv (with --attention-bits).")] = None,
+    attention_granularity: Annotated[Optional[str], typer.Option("--attention-granularity", help="row (default, causal: per token, query row, or token and KV head) or tensor (NON-CAUSAL: one scale per sequence, the former default), with --attention-bits.")] = None,
     rotate: RotateOpt = None,
     smooth: SmoothOpt = None,
     calibration: CalibrationOpt = None,
@@ -55,7 +56,7 @@ def quantize(
     from quantdiff.quant.gguf_export import export_gguf
     from quantdiff.quant.formats import AbsmaxExport, check_attention_recordable, parse_export
     from quantdiff.quant.numerics import LLM_INT8_THRESHOLD
-    from quantdiff.quant.registry import ATTENTION_SITE_NAMES
+    from quantdiff.quant.registry import ATTENTION_SITE_NAMES, DEFAULT_GRANULARITY
     from quantdiff.quant.sites import parse_config
     from quantdiff.quant.transforms import check_exportable
 
@@ -72,12 +73,12 @@ def quantize(
     fmt = parse_export(method, bits, LLM_INT8_THRESHOLD if threshold is None else threshold, group_size, export_format)
     attention = None
     if attention_bits is None:
-        refuse_unused("without --attention-bits", attention_method=attention_method, attention_site=attention_site)
+        refuse_unused("without --attention-bits", attention_method=attention_method, attention_site=attention_site, attention_granularity=attention_granularity)
     else:
         if (attention_site or "logits") not in ATTENTION_SITE_NAMES:
             raise ConfigError(f"--attention-site must be {' or '.join(ATTENTION_SITE_NAMES)}, got {attention_site!r}")
         check_attention_recordable(fmt)
-        attention = parse_config(attention_method or "absmax", attention_bits, attention_site or "logits")
+        attention = parse_config(attention_method or "absmax", attention_bits, attention_site or "logits", attention_granularity or DEFAULT_GRANULARITY)
     if eval_task is None:
         refuse_unused("without --eval", data=data, context=context, limit=limit)
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, eval_task, data)

@@ -17,12 +17,13 @@ DATA_HELP = "Task data: a HellaSwag JSONL file (choice), a text file (lm; retrie
 TaskOpt = Annotated[str, typer.Option("--task", "-t", help=TASK_HELP)]
 DataOpt = Annotated[Optional[str], typer.Option("--data", help=DATA_HELP)]  # a str: "" stays empty, not "."
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Evaluate only the first N items (windows, documents).")]
-GroupOpt = Annotated[Optional[int], typer.Option("--group-size", help="absmax weights at site linear in groups of G inputs per output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group); default per output channel.")]
+GroupOpt = Annotated[Optional[int], typer.Option("--group-size", help="absmax weights at site linear in groups of G inputs per output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group); default per output channel. At site kv: each token's keys and values per KV head in groups of G channels (llama.cpp's blocks of 32).")]
 ContextOpt = Annotated[Optional[int], typer.Option("--context", help="Tokens per document (retrieval) or window (lm).")]
 NeedlesOpt = Annotated[Optional[int], typer.Option("--needles", help="Needles per retrieval document.")]
 DepthOpt = Annotated[Optional[float], typer.Option("--depth", help="Depth in [0, 1] of every needle (0 = start of the filler, 1 = its end); default: random per needle.")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed of the generated data (cloze set, needle documents); default 0.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
+GranularityOpt = Annotated[str, typer.Option("--granularity", help="Scales: row (default, causal: one per token for linear inputs and Q/K, per query row for logits, per token and KV head for kv; LLM.int8 outliers per token), tensor (NON-CAUSAL: one per sequence, KIVI over the sequence at kv; the former default, used by the published results up to issue 44) or column (NON-CAUSAL: per channel over the sequence).")]
 
 
 def sweep(
@@ -30,13 +31,14 @@ def sweep(
     task: TaskOpt = "choice",
     bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
     method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",
-    site: Annotated[str, typer.Option("--site", help="Comma-separated: logits, qk, linear, kv (keys per channel, values per token, as a KV cache holds them). Unsupported (method, site) pairs are skipped with a note.")] = "logits",
+    site: Annotated[str, typer.Option("--site", help="Comma-separated: logits, qk, linear, kv (keys and values as a KV cache holds them). Unsupported (method, site) pairs are skipped with a note.")] = "logits",
     group_size: GroupOpt = None,
     rotate: RotateOpt = None,
     smooth: SmoothOpt = None,
     calibration: CalibrationOpt = None,
     calibration_tokens: CalibrationTokensOpt = None,
     kv_plan: KVPlanOpt = None,
+    granularity: GranularityOpt = "row",
     blocks: Annotated[Optional[int], typer.Option("--blocks", help="Also evaluate every cell in N contiguous blocks of the items and record each block's metrics in the JSON (intervals by batch means); the cell's metrics pool them exactly. Tasks lm and bb.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the Figure-8-style chart (PNG, PDF or SVG).")] = None,
     json_path: JsonOpt = None,
@@ -79,8 +81,8 @@ def sweep(
     check_group_option(group_size, split_names(site, "sites"))
     target = resolve_device(device, "--device")
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
-    plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size, transform)
-    plan.configs.extend(load_kv_plans(kv_plan, task, data))
+    plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size, transform, granularity)
+    plan.configs.extend(load_kv_plans(kv_plan, task, data, granularity))
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     if blocks is not None and (blocks < 2 or not hasattr(the_task, "pool")):
@@ -118,6 +120,7 @@ def evaluate(
     calibration: CalibrationOpt = None,
     calibration_tokens: CalibrationTokensOpt = None,
     kv_plan: KVPlanOpt = None,
+    granularity: GranularityOpt = "row",
     json_path: JsonOpt = None,
     data: DataOpt = None,
     limit: LimitOpt = None,
@@ -156,7 +159,7 @@ def evaluate(
     check_group_option(group_size, [site or "logits"])
     target = resolve_device(device, "--device")
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
-    configs = load_kv_plans(kv_plan, task, data) if kv_plan else [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", group_size=group_size, transform=transform)]
+    configs = load_kv_plans(kv_plan, task, data, granularity) if kv_plan else [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", granularity, group_size=group_size, transform=transform)]
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     check_mode(bos)

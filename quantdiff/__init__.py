@@ -26,6 +26,7 @@ _API = {
     "parse_config": "quantdiff.api",
     "quantized": "quantdiff.api",
     "apply_quantization": "quantdiff.api",
+    "kv_cache": "quantdiff.api",
     "QuantConfig": "quantdiff.quant.sites",
     "AbsmaxMethod": "quantdiff.quant.sites",
     "LLMInt8Method": "quantdiff.quant.sites",

@@ -19,7 +19,7 @@ from quantdiff.core.memory import check_fits
 from quantdiff.data.sources import Batch, make_batches
 from quantdiff.models import loading
 from quantdiff.models.names import resolve
-from quantdiff.quant import checkpoint, export, formats, gguf_export, sites, transforms
+from quantdiff.quant import checkpoint, export, formats, gguf_export, kv_cache as kv_caches, sites, transforms
 from quantdiff.quant.formats import ExportFormat
 from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.stats.collect import DEFAULT_K
@@ -137,6 +137,15 @@ def export_quantized(model: str | Path, out: str | Path, fmt: ExportFormat, **kw
     source = _one_model(model)
     check_target(out, kwargs.get("force", False), model_inputs([model], [source]), flag="out", kind="export")
     return export.export_quantized(source, out, fmt, **kwargs)
+
+
+@check.arguments
+def kv_cache(model: nn.Module, plan: Any = None, bits: int | None = None, group_size: int | None = None) -> kv_caches.QuantizedKVCache:
+    """A KV cache storing keys and values quantized as they are written, for
+    `model.generate(..., past_key_values=quantdiff.kv_cache(model, plan))` (see `quant.kv_cache`)."""
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model must be a loaded model (quantdiff.load(...)), got {check.kind_of(model)}")
+    return kv_caches.kv_cache(model, plan, bits, group_size)
 
 
 # The config builders, with their calls checked as every function here (their own checks cover the values).

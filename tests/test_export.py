@@ -68,6 +68,15 @@ def test_packing_round_trip_is_dense(bits, n, seed):
     assert torch.equal(unpack_codes(packed, bits, (n,)).long(), codes)
 
 
+@pytest.mark.parametrize("bits", [2, 4])
+def test_codes_that_fill_whole_bytes_unpack_as_the_bit_stream_says(bits):
+    """The shift-and-mask path of 2- and 4-bit codes against the layout read bit by bit, LSB first."""
+    packed = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(bits), dtype=torch.int64).to(torch.uint8)
+    stream = [(byte >> i) & 1 for byte in packed.tolist() for i in range(8)]
+    naive = [sum(stream[c * bits + i] << i for i in range(bits)) - (2 ** (bits - 1) - 1) for c in range(len(stream) // bits)]
+    assert unpack_codes(packed, bits, (len(naive),)).tolist() == naive
+
+
 def test_four_bits_are_two_per_byte_low_nibble_first():
     packed = pack_codes(torch.tensor([-7, 7, 0, 1]), 4)  # stored as code + 7: 0, 14, 7, 8
     assert packed.tolist() == [0 | 14 << 4, 7 | 8 << 4]

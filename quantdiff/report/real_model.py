@@ -98,8 +98,13 @@ def _measured_line(doc: dict) -> str:
         f"- `{doc['model']}` ({doc['seconds']:.0f} s; {doc['path']}{source}): {stats['layers']} layers, {stats['heads']} heads, width "
         f"{stats['hidden_size']}; {describe_bos(doc['model'], doc['bos']).partition(': ')[2]}. Statistics over {stats['tokens']:,} held-out "
         f"corpus tokens (sequences of {plan['seq_len']}); the sweep on the first {plan['windows']} held-out windows of {plan['context']} "
-        f"tokens ({int(reference['tokens']):,} scored next tokens)."
+        f"tokens ({int(reference['tokens']):,} scored next tokens), {_scales(plan.get('granularity', 'tensor'))}."
     )
+
+
+def _scales(granularity: str) -> str:
+    """A plan written before it recorded its granularity ran per sequence."""
+    return "scales per token (causal)" if granularity == "row" else f"scales of granularity {granularity} (non-causal)"
 
 
 def real_models_markdown(docs: list[dict]) -> str:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from quantdiff.quant.numerics import llm_int8_matmul, vectorwise_quantize
+from quantdiff.quant.numerics import PerTensor, llm_int8_matmul, vectorwise_quantize
 from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, quantized
 
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # "inputs will be cast to float16" on every call
@@ -83,9 +83,28 @@ def test_linear_site_equals_linear8bitlt_eval(seed):
     int8 = _bnb_linear(layer)
     with torch.no_grad():
         expect = int8(x)
-        with quantized(nn.Sequential(layer), QuantConfig(LLMInt8Method(8), LinearSite(filter=lambda m, fqn: True))):
+        with quantized(nn.Sequential(layer), QuantConfig(LLMInt8Method(8, granularity=PerTensor()), LinearSite(filter=lambda m, fqn: True))):
             ours = layer(x)
     torch.testing.assert_close(ours, expect, rtol=0, atol=PRODUCT_RTOL * expect.abs().max().item())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_causal_linear_site_equals_linear8bitlt_one_token_at_a_time(seed):
+    """Granularity row (the default): each token's outliers its own, what bitsandbytes computes decoding token by token."""
+    torch.manual_seed(seed)
+    layer = nn.Linear(32, 16)
+    with torch.no_grad():
+        layer.weight.copy_(layer.weight.half().float())
+        layer.bias.copy_(layer.bias.half().float())
+    x = fp16_exact(1, 10, 32, seed=seed)
+    int8 = _bnb_linear(layer)
+    with torch.no_grad():
+        expect = torch.cat([int8(x[:, t : t + 1]) for t in range(x.shape[1])], dim=1)
+        with quantized(nn.Sequential(layer), QuantConfig(LLMInt8Method(8), LinearSite(filter=lambda m, fqn: True))):
+            ours = layer(x)
+        whole = int8(x)
+    torch.testing.assert_close(ours, expect, rtol=0, atol=PRODUCT_RTOL * expect.abs().max().item())
+    assert (whole - expect).abs().max() > PRODUCT_RTOL * expect.abs().max()  # a prompt's columns are not a token's own
 
 
 def test_linear_site_float32_inputs_within_one_code_step():
@@ -95,7 +114,7 @@ def test_linear_site_float32_inputs_within_one_code_step():
     int8 = _bnb_linear(layer)
     with torch.no_grad():
         expect = int8(x)
-        with quantized(nn.Sequential(layer), QuantConfig(LLMInt8Method(8), LinearSite(filter=lambda m, fqn: True))):
+        with quantized(nn.Sequential(layer), QuantConfig(LLMInt8Method(8, granularity=PerTensor()), LinearSite(filter=lambda m, fqn: True))):
             ours = layer(x)
     row_step = vectorwise_quantize(x[0], 8, 6.0).row_absmax / 127  # one activation code step per row
     w_deq = vectorwise_quantize(layer.weight.detach().half().float(), 8).dequant
@@ -112,7 +131,7 @@ def test_train_mode_bnb_does_not_quantize_activations():
     w_deq = vectorwise_quantize(layer.weight.detach().half().float(), 8).dequant
     with torch.no_grad():
         y_train = int8(x)
-        with quantized(nn.Sequential(layer), QuantConfig(LLMInt8Method(8), LinearSite(filter=lambda m, fqn: True))):
+        with quantized(nn.Sequential(layer), QuantConfig(LLMInt8Method(8, granularity=PerTensor()), LinearSite(filter=lambda m, fqn: True))):
             ours = layer(x)
     assert (y_train - ours).abs().max() > 10 * PRODUCT_RTOL * ours.abs().max()
     torch.testing.assert_close(y_train, x @ w_deq.T + layer.bias.detach(), rtol=1e-3, atol=1e-3)

@@ -1,4 +1,5 @@
-"""Site kv: keys per channel and values per token, checked against a naive loop and against a KV cache that
+"""Site kv: per token and KV head (causal, the default), or keys per channel and values per token (granularity
+tensor), checked against naive loops and against a KV cache that
 quantizes what it stores (the reference: eager attention reading that cache), for standard (GQA), DiffLlama's two
 maps and DIFF V2's doubled query heads."""
 

@@ -15,7 +15,7 @@ from quantdiff.models.loading import load, load_tokenizer
 from quantdiff.models.pairs import SizePreset, build_pair
 from quantdiff.core.savedir import save_pair
 from quantdiff.quant.sites import parse_config
-from quantdiff.eval.sweep import Cell, cells_from_json, cells_to_json, plan_sweep, run_sweep
+from quantdiff.eval.sweep import Cell, cell_label, cells_from_json, cells_to_json, plan_sweep, run_sweep
 from quantdiff.quant.registry import parse_bits
 from quantdiff.report.sweep_report import sweep_table
 from quantdiff.eval.tasks.lm import LMTask
@@ -91,6 +91,15 @@ def test_16_bits_equal_the_reference_and_2_bits_differ(trained_pair):
     assert cells_from_json(json.loads(json.dumps(cells_to_json(cells)))) == cells
 
 
+def test_cells_written_before_granularity_was_recorded_read_back_as_non_causal():
+    old = {"cells": [{"model": "m", "task": "lm", "method": None, "bits": None, "site": None, "accuracy": 0.5},
+                     {"model": "m", "task": "lm", "method": "absmax", "bits": 4, "site": "linear", "accuracy": 0.4}]}
+    reference, quantized = cells_from_json(old)
+    assert (reference.granularity, reference.causal) == (None, True)
+    assert (quantized.granularity, quantized.causal) == ("tensor", False)
+    assert quantized.to_dict()["causal"] is False and "non-causal" in cell_label(quantized)
+
+
 def test_table_shows_the_change_from_the_reference():
     cells = [Cell("m", "lm", None, None, None, {"accuracy": 0.5}), Cell("m", "lm", "absmax", 4, "logits", {"accuracy": 0.25})]
     table = sweep_table(cells, ("accuracy",), "accuracy")
@@ -123,6 +132,7 @@ def test_cli_sweep_writes_json_and_plot(trained_pair, tmp_path, capsys):
     assert reference["model"] == "standard" and reference["method"] is reference["bits"] is reference["site"] is None
     assert {c["model"] for c in cells} == {"standard", "diff"}
     assert all(set(c) >= {"model", "task", "method", "bits", "site", "accuracy", "loss", "perplexity"} for c in cells)
+    assert all(c["causal"] is True and c["granularity"] == (None if c["method"] is None else "row") for c in cells)  # causal by default
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in out.iterdir()) == ["sweep.json", "sweep.png"]  # no temporary files left
 
@@ -133,6 +143,11 @@ def test_cli_eval_one_cell(trained_pair, tmp_path, capsys):
     assert code == 0, err
     (cell,) = json.loads((tmp_path / "one.json").read_text())["cells"]
     assert (cell["model"], cell["method"], cell["bits"], cell["site"]) == ("diff", "absmax", 4, "qk")
+    assert (cell["granularity"], cell["causal"]) == ("row", True)
+    code, out, err = run_cli(capsys, "eval", model, "--task", "lm", "--data", text, "--context", "64", "--limit", "1", "--bits", "4", "--site", "qk",
+                             "--granularity", "tensor", "--json", "-")
+    (cell,) = json.loads(out)["cells"]
+    assert code == 0 and (cell["granularity"], cell["causal"]) == ("tensor", False), err
     code, _, err = run_cli(capsys, "eval", model, "--task", "lm", "--data", text, "--context", "64", "--limit", "1", "--json", tmp_path / "ref.json", "-q")
     assert code == 0 and json.loads((tmp_path / "ref.json").read_text())["cells"][0]["method"] is None
 
@@ -145,6 +160,7 @@ def test_cli_eval_one_cell(trained_pair, tmp_path, capsys):
         (["--bits", "x"], "bits must be integers"),
         (["--method", "gptq"], "unknown quantization method 'gptq'"),
         (["--site", "values"], "unknown quantization site 'values'"),
+        (["--granularity", "token"], "unknown granularity 'token'"),
         (["--task", "squad"], "unknown task 'squad'"),
         (["--task", "lm", "--needles", "3"], "does not take --needles"),
         (["--device", "tpu9"], "device"),
@@ -152,7 +168,7 @@ def test_cli_eval_one_cell(trained_pair, tmp_path, capsys):
         (["--task", "choice", "--data", "BAD"], r"bad\.jsonl:2: bad multiple-choice record"),
         (["--task", "lm", "--data", "TEXT", "--context", "512"], "exceeds? the model's 128 positions"),
     ],
-    ids=["bits-1", "bits-17", "bits-x", "method", "site", "task", "option", "device", "plot-suffix", "malformed-jsonl", "context"],
+    ids=["bits-1", "bits-17", "bits-x", "method", "site", "granularity", "task", "option", "device", "plot-suffix", "malformed-jsonl", "context"],
 )
 def test_cli_bad_input_is_one_line_and_writes_nothing(trained_pair, tmp_path, capsys, args, message):
     bad = tmp_path / "bad.jsonl"

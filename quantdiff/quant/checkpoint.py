@@ -16,7 +16,7 @@ from quantdiff.core.errors import LoadError
 from quantdiff.models import loading
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport
 from quantdiff.quant.formats import WEIGHTS_NAME, LLMInt8Export, Tensors, format_from_section
-from quantdiff.quant.numerics import compressed_tensors_token_fake_quantize
+from quantdiff.quant.numerics import PerTensor, compressed_tensors_token_fake_quantize
 from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, QuantizationHandle, apply_quantization
 from quantdiff.quant.transforms import rotate_inputs
 
@@ -129,7 +129,9 @@ def load_quantized(
     if isinstance(fmt, LLMInt8Export):  # bitsandbytes quantizes the inputs at run time, with the stored threshold
         chosen = set(section["modules"])
         inputs = LinearSite(filter=lambda m, fqn: fqn in chosen, weights=False)
-        handles.append(apply_quantization(model, QuantConfig(LLMInt8Method(8, fmt.threshold), inputs)))
+        # bitsandbytes picks a forward's outlier columns over all its tokens (a prompt: non-causal), so the reload
+        # does too (granularity tensor: per sequence), to stay what transformers + bitsandbytes compute.
+        handles.append(apply_quantization(model, QuantConfig(LLMInt8Method(8, fmt.threshold, PerTensor()), inputs)))
     if isinstance(fmt, CompressedTensorsExport) and fmt.bits == 8:
         handles.append(compressed_tensors_inputs(model, section["modules"]))
     if section.get("attention") is not None:

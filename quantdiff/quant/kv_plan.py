@@ -119,7 +119,7 @@ class KVPlan:
             "version": PLAN_VERSION,
             "policy": self.policy,
             "budget_bits": self.budget_bits,
-            "quantizer": {"method": "absmax", "keys": "per channel", "values": "per token", "full_bits": FULL_BITS},
+            "quantizer": {"method": "absmax", "scales": "the run's granularity: row (per token and KV head) or tensor (KIVI)", "full_bits": FULL_BITS},
             "model": self.model,
             "layers": [{"layer": i, "kv_bits": list(l.kv_bits), "keep_positions": list(l.keep_positions)} for i, l in enumerate(self.layers)],
             "evidence": self.evidence,

@@ -1,8 +1,8 @@
 """Per-token cost of the KV-cache policies (`quant.kv_plan`) against the plain `kv` site, side by side in one run.
 
 A whole model forward (SmolLM2 by default, or a small synthetic pair with --synthetic) with its KV cache
-fake-quantized: the plain `kv` site (KIVI, one width), a uniform plan (the same quantization through the plan's
-quantizer), `first` (IntactKV: position 0 kept), `massive` (positions 0 and 1 kept, as a calibrated plan would)
+fake-quantized: the plain `kv` site (one width, default causal granularity), a uniform plan (the same
+quantization through the plan's quantizer), `first` (IntactKV: position 0 kept), `massive` (positions 0 and 1 kept, as a calibrated plan would)
 and `heads` (half the KV heads at bits + 1, half at bits − 1), all at 4 bits, plus the unquantized forward. The
 contenders alternate over rounds (medians of medians); ms per token and the ratio to the plain `kv` site. Then the
 cache quantizers alone (keys and values of every layer, the model's cache shape), where the policies' own cost is

@@ -52,6 +52,10 @@ CASES = [
     ("export-model-list", lambda m: quantdiff.export_quantized(["tiny/diff"], "q", quantdiff.parse_export("absmax", 4)), "model must be a model name or path"),
     ("parse-config-float-bits", lambda m: quantdiff.parse_config("absmax", 4.5, "logits"), "bits must be an integer"),
     ("parse-export-text-bits", lambda m: quantdiff.parse_export("absmax", "four"), "bits must be an integer"),
+    ("parse-config-unknown-granularity", lambda m: quantdiff.parse_config("absmax", 4, "qk", granularity="token"), "unknown granularity 'token'"),
+    ("kv-cache-model-string", lambda m: quantdiff.kv_cache("tiny/diff", bits=4), "model must be a loaded model"),
+    ("kv-cache-plan-string", lambda m: quantdiff.kv_cache(m, plan="first-4bit.json"), "plan must be a KVPlan"),
+    ("kv-cache-group-zero", lambda m: quantdiff.kv_cache(m, bits=4, group_size=0), "group size must be a positive integer"),
     # Issue 32: every public function checks its call and its arguments, as `load` does.
     ("parse-config-transform-number", lambda m: quantdiff.parse_config("absmax", 4, "linear", transform=42), "transform must be None, a HadamardRotation or a Smoothing"),
     ("parse-config-transform-name", lambda m: quantdiff.parse_config("absmax", 4, "linear", transform="hadamard"), "transform must be None, a HadamardRotation"),

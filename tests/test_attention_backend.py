@@ -12,6 +12,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 import quantdiff.attention.backend as attention
 from quantdiff.models.loading import prepare
 from quantdiff.models.pairs import build_pair, lambda_parameter_count, pair_configs, parameter_count
+from quantdiff.quant.numerics import PerRow, PerTensor
 
 T = 13
 
@@ -190,8 +191,9 @@ def test_pair_configs_are_not_shared(tiny_preset):
     assert configs["diff"].to_dict() == before
 
 
-def _naive_quantized_attention(bits):
-    """Eager attention with the whole (B, H, T, T) logits absmax-quantized per sequence over causal entries."""
+def _naive_quantized_attention(bits, per_row=False):
+    """Eager attention with the whole (B, H, T, T) logits absmax-quantized per sequence (or per query row) over
+    causal entries."""
 
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         n_rep = query.shape[1] // key.shape[1]
@@ -200,7 +202,7 @@ def _naive_quantized_attention(bits):
         logits = (query @ k.transpose(-1, -2)) * scaling
         t = logits.shape[-1]
         causal = torch.ones(t, t, dtype=torch.bool).tril()
-        scale = logits.abs().masked_fill(~causal, 0).amax(dim=(1, 2, 3), keepdim=True) / (2 ** (bits - 1) - 1)
+        scale = logits.abs().masked_fill(~causal, 0).amax(dim=-1 if per_row else (1, 2, 3), keepdim=True) / (2 ** (bits - 1) - 1)
         logits = (torch.round(logits / scale) * scale).masked_fill(~causal, -math.inf)
         return (logits.softmax(-1) @ v).transpose(1, 2), None
 
@@ -209,19 +211,20 @@ def _naive_quantized_attention(bits):
 
 @pytest.mark.parametrize("kind", ["standard", "diff"])
 @pytest.mark.parametrize("tile_size", [4, None], ids=["tile=4", "tile=all"])
-def test_quantized_logits_match_naive_full_matrix(tiny_pair, kind, tile_size):
+@pytest.mark.parametrize("granularity", [PerTensor(), PerRow()], ids=["tensor", "row"])
+def test_quantized_logits_match_naive_full_matrix(tiny_pair, kind, tile_size, granularity):
     from transformers import AttentionInterface
 
     from quantdiff.quant.sites import AbsmaxMethod, LogitsSite, QuantConfig, quantized
 
     model = tiny_pair[kind]
     ids = torch.randint(0, 97, (2, T), generator=torch.Generator().manual_seed(4))
-    AttentionInterface.register("naive_quant3", _naive_quantized_attention(3))
+    AttentionInterface.register("naive_quant3", _naive_quantized_attention(3, per_row=granularity == PerRow()))
     with torch.no_grad():
         model.set_attn_implementation("naive_quant3")
         reference = model(ids).logits
         prepare(model, tile_size=tile_size)
-        with quantized(model, QuantConfig(AbsmaxMethod(3), LogitsSite())):
+        with quantized(model, QuantConfig(AbsmaxMethod(3, granularity), LogitsSite())):
             ours = model(ids).logits
         plain = model(ids).logits
     diff = (ours - reference).abs().max().item()

@@ -503,6 +503,7 @@ OPTION_CASES = {
     "attention_bits": (["--attention-bits", "8"], []),
     "attention_method": (["--attention-bits", "8", "--attention-site", "qk", "--attention-method", "llm-int8"], ["--attention-bits", "8", "--attention-site", "qk"]),
     "attention_site": (["--attention-bits", "8", "--attention-site", "qk"], ["--attention-bits", "8"]),
+    "attention_granularity": (["--attention-bits", "8", "--attention-granularity", "tensor"], ["--attention-bits", "8"]),
     "rotate": (["--rotate", "hadamard"], []),
     "smooth": (SMOOTH, []),
     "calibration": ([*SMOOTH[:2], "--calibration", "{other_cal}", *SMOOTH[4:]], SMOOTH),

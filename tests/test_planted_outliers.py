@@ -173,9 +173,12 @@ def test_absmax_collapses_where_llm_int8_keeps_the_output(kind, dtype, device, s
     for planted in (True, False):
         model, on_device = _on(device, DTYPES[dtype], planted_model(kind, planted), data)
         prepare(model)
-        for method in ("absmax", "llm-int8"):
-            errors[planted, method] = logits_error(model, on_device, parse_config(method, bits, site))
+        for method in ("absmax", "llm-int8"):  # per sequence (granularity tensor): the outlier sets every token's scale
+            errors[planted, method] = logits_error(model, on_device, parse_config(method, bits, site, granularity="tensor"))
+        if planted:  # the causal default
+            errors["per token", "absmax"] = logits_error(model, on_device, parse_config("absmax", bits, site))
     message = f"relative logits error {errors}"
     assert errors[True, "absmax"] > 0.5, message  # the planted outlier sets the scale: everything else rounds away
+    assert errors["per token", "absmax"] < errors[True, "absmax"] / 1.5, message  # per token it wrecks its own tokens only
     assert errors[True, "llm-int8"] < 0.2, message  # its feature kept exact, the rest quantized row by row
     assert errors[False, "absmax"] < 0.1, message  # without the plant the same bits are harmless: the outlier did it

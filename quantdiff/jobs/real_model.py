@@ -187,13 +187,15 @@ def measure_target(target: str, device: str | None, console, plan: RealModelPlan
     return doc
 
 
-def run_real_model(targets: str, out: Path, device: str | None, console, plan: RealModelPlan = RealModelPlan()) -> str:
+def run_real_model(targets: str, out: Path, device: str | None, console, plan: RealModelPlan = RealModelPlan(),
+                   granularity: str | None = None) -> str:
     """Measure each of the comma-separated `targets` in turn (one model in memory at a time), write
     `real_model.json` ({"models": [document, ...]}) into `out` when any was measured, and return the report
-    section with the models side by side."""
+    section with the models side by side. `granularity` replaces the plan's (a recipe's, for `reproduce`)."""
     from quantdiff.core.atomic import write_json
     from quantdiff.report.real_model import real_models_markdown
 
+    plan = plan if granularity is None else dataclasses.replace(plan, granularity=granularity)
     docs = [measure_target(target.strip(), device, console, plan) for target in targets.split(",") if target.strip()]
     if any("skipped" not in doc for doc in docs):
         write_json(out / "real_model.json", {"models": docs}, indent=2)

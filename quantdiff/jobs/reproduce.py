@@ -57,7 +57,7 @@ def given_inputs(options: ReproduceOptions) -> list[Path]:
 def _single_seed_report(trained, tasks: list, options: ReproduceOptions, tmp: Path, scratch: Path, console, started: float) -> None:
     """report.md of one set of arms; a built-in with published multi-seed results shows them beside it."""
     from quantdiff.eval.sweep import cells_to_json
-    from quantdiff.jobs.real_model import RealModelPlan, run_real_model
+    from quantdiff.jobs.real_model import run_real_model
     from quantdiff.across_seeds.curves import emergence_curves
     from quantdiff.report.emergence import emergence_markdown, plot_emergence, read_series
     from quantdiff.report.markdown import write_report_markdown
@@ -71,8 +71,8 @@ def _single_seed_report(trained, tasks: list, options: ReproduceOptions, tmp: Pa
     kinds = {entry["name"]: entry["kind"] for entry in stats_doc["models"]}
     context = setup_context(options, trained, stats_doc) | {"tasks": ", ".join(t.name for t in tasks), "run time": f"{time.perf_counter() - started:.0f} s"}
     sections = [published_section(trained.built_in, seed, stats_doc)] if trained.built_in else []
-    plan = RealModelPlan(granularity=trained.recipe.analysis.granularity)  # the real models' cells take the recipe's scales
-    sections += [run_real_model(options.real_model, tmp, options.device, console, plan)] if options.real_model else []
+    granularity = trained.recipe.analysis.granularity  # the real models' cells take the recipe's scales
+    sections += [run_real_model(options.real_model, tmp, options.device, console, granularity=granularity)] if options.real_model else []
     write_report_markdown(tmp / "report.md", stats_doc, cells_to_json(cells), kinds, context, emergence_markdown(curves), [s for s in sections if s])
 
 

@@ -144,15 +144,14 @@ class QuantizedKVLayer(DynamicLayer):
         kept = [p for p in sorted(set(self.plan.keep_positions)) if p < self.cumulative_length]
         if kept:
             keys[:, :, kept], values[:, :, kept] = self._keys.kept, self._values.kept
-        self.keys, self.values = keys, values  # what transformers' helpers (batch size, device) look at
-        return keys, values
+        return keys, values  # not kept: a float copy held between steps would undo the savings
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
 
     def nbytes(self) -> int:
-        """Bytes the cache holds: codes, scales and full-precision rows (the dequantized copy of the last
-        `update`, which attention reads and the next update replaces, is not counted)."""
+        """Bytes the cache holds: codes, scales and full-precision rows (the dequantized copy `update` returns is
+        attention's, freed with the layer's forward, not the cache's)."""
         return 0 if not self.is_initialized else self._keys.nbytes() + self._values.nbytes()
 
     def reset(self) -> None:
@@ -164,7 +163,6 @@ class QuantizedKVLayer(DynamicLayer):
         if self.is_initialized:
             self._keys.map(fn)
             self._values.map(fn)
-            self.keys, self.values = fn(self.keys), fn(self.values)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))

@@ -147,3 +147,15 @@ def test_kv_cache_refuses_what_it_cannot_honour(models):
         quantdiff.kv_cache(model, bits=1)
     with pytest.raises(ConfigError, match="cannot be cropped"):
         quantdiff.kv_cache(model, bits=4).layers[0].crop(-1)
+
+
+def test_beam_search_and_repeated_sequences_reorder_the_stored_rows(models):
+    """At 16 bits the cache stores the rows as computed: beam search through it (reordered every step) and
+    several returned sequences per prompt (rows repeated) give exactly the unquantized cache's sequences."""
+    model = models["diff"]
+    ids = prompt(5)
+    settings = dict(attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False, pad_token_id=0, num_beams=3, num_return_sequences=2)
+    with torch.no_grad():
+        expected = model.generate(ids, **settings)
+        got = model.generate(ids, **settings, cache=quantdiff.kv_cache(model, bits=16))
+    assert got.shape == (4, PROMPT + 5) and torch.equal(got, expected)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from quantdiff.quant.numerics import code_dtype, qmax
-
-_BYTE_WEIGHTS = 1 << torch.arange(8, dtype=torch.int32)  # bit i of a byte has value 2^i
 
 
 def packed_size(numel: int, bits: int) -> int:
@@ -32,10 +31,15 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _pack_chunk(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    unsigned = codes.to(torch.int32) + qmax(bits)  # (N,) in [0, 2^bits − 2]
-    stream = ((unsigned[:, None] >> torch.arange(bits, dtype=torch.int32)) & 1).reshape(-1)  # (N·bits,) LSB first
-    stream = torch.nn.functional.pad(stream, (0, packed_size(codes.numel(), bits) * 8 - stream.numel()))
-    return (stream.view(-1, 8) * _BYTE_WEIGHTS).sum(dim=1).to(torch.uint8)  # (bytes,)
+    unsigned = (codes.to(torch.int64) + qmax(bits)).cpu().numpy().astype(np.uint64)  # (N,) in [0, 2^bits − 2]
+    groups = np.zeros(-(-unsigned.size // 8) * 8, dtype=np.uint64)
+    groups[: unsigned.size] = unsigned  # zero codes pad the last group: zero bits, as the layout pads
+    words = np.zeros((groups.size // 8, 2), dtype="<u8")  # eight codes fill 8·bits ≤ 128 bits: two words
+    for i, code in enumerate(groups.reshape(-1, 8).T):
+        for word, shift in _placements(i * bits, bits):
+            words[:, word] |= code << np.uint64(shift) if shift >= 0 else code >> np.uint64(-shift)
+    stream = words.view(np.uint8)[:, :bits].reshape(-1)  # each group's bits bytes, little-endian
+    return torch.from_numpy(stream[: packed_size(unsigned.size, bits)].copy()).to(codes.device)
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
@@ -51,7 +55,28 @@ def unpack_codes(packed: torch.Tensor, bits: int, shape: tuple[int, ...] | torch
 
 
 def _unpack_chunk(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    stream = ((packed.to(torch.int32)[:, None] >> torch.arange(8, dtype=torch.int32)) & 1).reshape(-1)
-    whole = stream.numel() // bits
-    values = stream[: whole * bits].view(whole, bits)  # (N, bits) LSB first; the tail is padding
-    return (values << torch.arange(bits, dtype=torch.int32)).sum(dim=1)  # unsigned codes
+    stream = packed.cpu().numpy()
+    count = stream.size * 8 // bits  # whole codes; the tail is padding
+    groups = -(-count // 8)
+    words = np.zeros((groups, 16), dtype=np.uint8)
+    padded = np.zeros(groups * bits, dtype=np.uint8)
+    padded[: stream.size] = stream
+    words[:, :bits] = padded.reshape(groups, bits)
+    words = words.view("<u8")  # (groups, 2)
+    codes = np.zeros((groups, 8), dtype=np.uint64)
+    for i in range(8):
+        for word, shift in _placements(i * bits, bits):
+            codes[:, i] |= words[:, word] >> np.uint64(shift) if shift >= 0 else words[:, word] << np.uint64(-shift)
+    codes &= np.uint64((1 << bits) - 1)
+    return torch.from_numpy(codes.reshape(-1)[:count].astype(np.int32)).to(packed.device)
+
+
+def _placements(offset: int, bits: int) -> list[tuple[int, int]]:
+    """Where a code starting at bit `offset` of a two-word group lies: (word, left shift into it; negative for a
+    right shift), one entry per word it touches. Eight codes of ≤ 16 bits fill at most the two 64-bit words,
+    and shifting word-wise is what keeps packing vectorised: one operation per code slot, not per bit."""
+    word, start = divmod(offset, 64)
+    placements = [(word, start)]
+    if start + bits > 64:  # the code straddles the words: its high bits open the next one
+        placements.append((word + 1, start - 64))
+    return placements

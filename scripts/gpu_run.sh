@@ -236,21 +236,38 @@ if [ ! -e "$work/done/preflight" ] || [ "$(cat "$work/done/preflight")" != "$whe
 "$PY" - "$mode" "$work/preflight.json" <<'EOF' || { publish; exit 2; }
 import importlib, importlib.metadata, json, os, platform, shutil, subprocess, sys
 mode, path = sys.argv[1:]
-import torch, transformers
+import torch
 from quantdiff.data.corpus import find_rdata
-info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+
+
+def version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)  # the first on sys.path: a carried wheel before the image's
+    except importlib.metadata.PackageNotFoundError:
+        return "unavailable: not installed"
+
+
+def write(info: dict) -> None:
+    print("preflight:", json.dumps(info))
+    with open(path + ".tmp", "w") as f:
+        json.dump(info, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+# transformers by its version, not an import (10 s of a loaded CPU): every step imports it, and says so if it fails.
+info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": version("transformers"),
         "cuda": torch.version.cuda, "cpus": os.cpu_count(), "cuda_available": torch.cuda.is_available(), "packages": {}}
+if mode == "gpu" and not torch.cuda.is_available():  # nothing else here matters then
+    write(info)
+    sys.exit(f"error: no CUDA device (torch {torch.__version__}): run bash scripts/gpu_run.sh --smoke on a CPU")
 for name in ("bitsandbytes", "triton", "pytest", "matplotlib"):  # what the steps import: each must load
     try:
         importlib.import_module(name)
-        info["packages"][name] = importlib.metadata.version(name)
+        info["packages"][name] = version(name)
     except Exception as exc:  # a package that is missing, or fails to load its libraries
         info["packages"][name] = f"unavailable: {type(exc).__name__}"
 for name in ("gguf", "compressed_tensors", "lm_eval"):  # nothing here runs them: their version, not an import
-    try:
-        info["packages"][name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        info["packages"][name] = "unavailable: not installed"
+    info["packages"][name] = version(name)
 if torch.cuda.is_available():
     props = torch.cuda.get_device_properties(0)
     info["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1), "capability": f"{props.major}.{props.minor}"}
@@ -259,12 +276,7 @@ if shutil.which("nvidia-smi"):
                                         capture_output=True, text=True).stdout.strip()
 corpus = find_rdata()
 info["corpus"] = str(corpus) if corpus else None
-print("preflight:", json.dumps(info))
-with open(path + ".tmp", "w") as f:
-    json.dump(info, f, indent=1)
-os.replace(path + ".tmp", path)
-if mode == "gpu" and not torch.cuda.is_available():
-    sys.exit(f"error: no CUDA device (torch {torch.__version__}): run bash scripts/gpu_run.sh --smoke on a CPU")
+write(info)
 if corpus is None:
     sys.exit("error: the Austen corpus is missing: install it (python -m quantdiff.data.corpus --install) or carry it (bash scripts/gpu_run.sh --pack)")
 EOF
@@ -286,10 +298,17 @@ step probe "$(left 60)" "$PY" -m quantdiff train "$recipe" --out "$work/probe" -
 if [ ! -e "$work/done/sizing" ] && [ -e "$work/done/probe" ]; then
   "$PY" - "$work" "$recipe" "$PROBE_STEPS" "$SECONDS" "$BUDGET_S" "$TRAIN_S" "$RESERVE_S" "$MIN_STEPS" "$MAX_STEPS" <<'EOF' && touch "$work/done/sizing"
 import json, os, sys
-from quantdiff.train.recipe import load_recipe
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 work, recipe = sys.argv[1:3]
 probe_steps, elapsed, budget, train_s, reserve, min_steps = map(int, sys.argv[3:9])
-ceiling = min(load_recipe(recipe).train.steps, int(sys.argv[9] or 10**9))
+# The recipe's steps, read as TOML (the probe has checked the recipe; quantdiff.train.recipe imports transformers).
+recipe_steps = tomllib.load(open(recipe, "rb")).get("train", {}).get("steps")
+if recipe_steps is None:
+    sys.exit(f"error: {recipe} sets no [train] steps: the ceiling of the steps this script trains")
+ceiling = min(recipe_steps, int(sys.argv[9] or 10**9))
 steps_s = json.load(open(os.path.join(work, "probe.json")))["runs"][0]["wall_time_s"]  # every arm's steps, together
 probe_s = max(int(line.split()[4]) for line in open(os.path.join(work, "steps.tsv")) if line.split()[1:3] == ["probe", "ok"])
 step_s = max(steps_s, 0.1) / probe_steps  # the first steps' warm-up included: an overestimate, on the safe side

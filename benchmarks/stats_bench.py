@@ -315,7 +315,7 @@ def architecture(name: str, args: argparse.Namespace, device: torch.device) -> t
     torch.manual_seed(0)
     with torch.device(device):  # initialised where it runs: a GPU fills 270M parameters in a blink, a CPU in seconds
         model = AutoModelForCausalLM.from_config(config)
-    return prepare(model, args.tile)
+    return prepare(model.to(device), args.tile)  # .to: whatever the context left elsewhere (buffers made on the CPU)
 
 
 def architectures(args: argparse.Namespace, device: torch.device) -> None:

@@ -184,7 +184,7 @@ def convert(path: Path, out: Path, sha256: str) -> Path:
             model, tokenizer, facts = read_gguf(copy, path)
             record = {"format": "gguf", "file": path.name, "sha256": digest, **facts, "dtype": DTYPE,
                       "note": "statistics are of the dequantized model"}
-            with atomic_dir(entry, force=True, kind=CACHE_KIND, flag="GGUF cache entry") as tmp, quiet_load_report():  # no "Writing model shards" bar
+            with atomic_dir(entry, force=True, kind=CACHE_KIND, flag="GGUF cache entry", per_file=False) as tmp, quiet_load_report():  # no "Writing model shards" bar
                 model.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
                 write_json(tmp / SOURCE_FILE, record)

@@ -7,7 +7,7 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -135,11 +135,12 @@ def export_quantized(
     return ExportSummary(out, section, sorted(chosen), skipped, source_bytes, out_bytes, quantized_bytes, bf16_bytes)
 
 
-def check_reloads(out: Path, read_back: Callable[[], object]) -> None:
+def check_reloads(out: Path, read_back: Callable[[], Any]) -> Any:
     """Run `read_back` on the finished export before it is put in place, as `quantdiff.load` reads it: an export
-    that exits 0 reloads (every format), and one that would not is one line, with nothing written."""
+    that exits 0 reloads (every format), and one that would not is one line, with nothing written. Returns what
+    `read_back` read, for further checks."""
     try:
-        read_back()
+        return read_back()
     except Exception as exc:  # whatever the reader raises, the export is unreadable: that is the one message
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise LoadError(f"export check failed: {out} would not load back ({reason}); nothing was written") from None

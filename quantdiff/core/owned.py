@@ -59,9 +59,13 @@ def _json_schema(data: bytes) -> bool:
 def _gguf_has_key(path: Path) -> bool:
     import gguf
 
+    from quantdiff.core.errors import QuantdiffError
+    from quantdiff.models.gguf_header import check_header_counts
+
     try:
+        check_header_counts(path)  # a file gguf's reader would stall on is not one quantdiff wrote
         return gguf.GGUFReader(path).get_field(GGUF_KEY) is not None
-    except (ValueError, KeyError, IndexError, OSError):
+    except (ValueError, KeyError, IndexError, OSError, QuantdiffError):
         return False
 
 

@@ -22,7 +22,7 @@ from quantdiff.models.loading import PICKLE_SUFFIXES, load
 from quantdiff.models.source import model_source
 from quantdiff.quant.checkpoint import load as load_checkpoint, quantization_format
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport
-from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors, check_attention_recordable
+from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, Bnb4bitExport, ExportFormat, Tensors, check_attention_recordable
 from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets
 from quantdiff.quant.transforms import Transform, check_exportable, export_transform
@@ -82,6 +82,9 @@ def export_quantized(
     targets = linear_targets(model, LinearSite(include_lm_head=include_lm_head), allow_partial)
     if not targets:
         raise ConfigError(f"no nn.Linear layer to quantize in {source}")
+    if isinstance(fmt, Bnb4bitExport):
+        for fqn, module in targets:
+            fmt.check_width(fqn, module.weight)
     tied = _tied_to_other(model, targets)
     if tied:
         raise ConfigError(f"{tied} shares its weight with another tensor (tied embeddings): it cannot be quantized alone")

@@ -27,7 +27,7 @@ from quantdiff.core.outputs import check_outputs
 from quantdiff.core.owned import GGUF_KEY, check_replaceable
 from quantdiff.models.gguf_model import read_gguf
 from quantdiff.models.loading import load, load_config
-from quantdiff.models.names import resolve
+from quantdiff.models.names import check_one_model, resolve
 from quantdiff.models.wheels import WHEEL_MODELS, wheel_file
 from quantdiff.models.source import model_source
 from quantdiff.quant.export import ExportSummary, _plain_tensors, _tied_to_other, check_reloads, refuse_nonfinite
@@ -96,10 +96,7 @@ def export_gguf(
     `quantdiff.load` takes (a GGUF source gives its own tokenizer fields); `revision` for a hub id. `transform`:
     SmoothQuant smoothing folded into the norms and weights first (a rotation is refused: llama.cpp would not
     rotate the inputs), recorded in the file's quantdiff section."""
-    paths = resolve(model, revision)
-    if len(paths) != 1:
-        raise LoadError(f"{str(model)!r} names {len(paths)} models; quantize one at a time")
-    source, gguf_source, out = paths[0], source_gguf_file(model), Path(out)
+    source, gguf_source, out = check_one_model(model, resolve(model, revision), "MODEL"), source_gguf_file(model), Path(out)
     _check_out(out, force, [source, *([gguf_source] if gguf_source else [])])
     check_exportable(transform, own_format=False)
     config = json.loads((source / "config.json").read_text())

@@ -77,8 +77,10 @@ def load_kv_plans(paths: list[Path] | None, data: str | Path | None) -> list:
     for path in paths or []:
         plan = KVPlan.load(path)
         source = plan.evidence.get("calibration", {}).get("source")
-        if source is not None:
-            check_calibration_source(source, data, flag=f"--kv-plan {path}: its calibration", exists=False)
+        if source is None:  # unchecked, it could be the evaluation data
+            raise ConfigError(f"--kv-plan {path} does not say what it was calibrated on (evidence.calibration.source): "
+                              "refusing it, since its calibration cannot be checked against the evaluation data")
+        check_calibration_source(source, data, flag=f"--kv-plan {path}: its calibration", exists=False)
         configs.append(QuantConfig(AbsmaxMethod(plan.budget_bits), KVSite(plan)))
     return configs
 

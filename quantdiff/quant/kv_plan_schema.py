@@ -4,8 +4,8 @@ field, never an AttributeError, an overflow or a plan applied otherwise than it 
 
 Besides the types: the version this quantdiff reads; `quantizer`, when given, is the one applied; per layer
 entry, `layer` (when given) is its index, since entries are applied in list order; bits per KV head 2–16;
-kept positions below MAX_POSITION; `evidence.calibration.source` names the calibration data, which
-`--kv-plan` checks against the evaluation data (a plan that does not say what it was calibrated on is refused).
+kept positions below MAX_POSITION; `evidence` an object, whose `calibration.source`, when given, names the
+calibration data (`--kv-plan` requires it: `cli.transform_options.load_kv_plans`).
 Files are read as quantdiff's inputs are: a regular file (`data.sources.check_data_file`), at most
 MAX_PLAN_BYTES, UTF-8, JSON of bounded nesting.
 """
@@ -98,9 +98,11 @@ def check_plan_document(data: Any) -> None:
         raise ConfigError(f"kv plan: {len(entries)} layer entries for a model of {layers} layers")
     for index, entry in enumerate(entries):
         _check_layer(_object(entry, f"layers[{index}]"), index, kv_heads[index])
-    calibration = _object(_object(data["evidence"], "evidence").get("calibration"), "evidence.calibration")
-    if not isinstance(calibration.get("source"), str) or not calibration["source"]:
-        raise ConfigError("kv plan: evidence.calibration.source must name the calibration data (a plan must say what it was calibrated on)")
+    evidence = _object(data["evidence"], "evidence")
+    if "calibration" in evidence:
+        source = _object(evidence["calibration"], "evidence.calibration").get("source")
+        if not isinstance(source, str) or not source:
+            raise ConfigError(f"kv plan: evidence.calibration.source must name the calibration data, got {source!r}")
 
 
 def _check_layer(entry: dict, index: int, heads: int) -> None:

@@ -1,0 +1,334 @@
+"""Issue 45's rules (round 5 of the bad-input probe), each tested as a rule on more than the probe's example:
+--force replaces only what quantdiff wrote, GGUF exports keep the model's config or refuse, calibration never
+comes from an evaluation split, one position check, KV plans checked against a schema, every input path a
+regular file, GGUF headers checked before gguf's reader, and the API's arguments (integers, classes, options
+the CLI would refuse, devices, token ids) checked at the boundary."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import quantdiff
+from quantdiff.cli.app import main
+from quantdiff.core.errors import ConfigError, DataError, LoadError, QuantdiffError
+from quantdiff.core.owned import MARKER
+from quantdiff.core.savedir import atomic_dir, mark
+from quantdiff.data.sources import BUILTIN_SPLITS, BUILTINS, EVALUATION_SPLIT
+from quantdiff.models.gguf_header import MAX_ARRAY_ENTRIES, check_header_counts
+from quantdiff.models.names import ASSETS
+from quantdiff.quant.kv_plan import KVPlan, KVCalibration, derive_plan
+from test_reliability import _fails, state  # noqa: F401  (state: a private temporaries registry)
+
+TINY = ASSETS / "tiny" / "standard"
+
+
+# ---- 1. --force replaces only what quantdiff wrote ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("foreign", ["notes.txt", "sub/", "sub/deep/plan.json", "model/extra.bin"])
+def test_force_refuses_a_directory_holding_anything_quantdiff_did_not_write(tmp_path, state, foreign):
+    """Each entry quantdiff writes is listed in the marker; any other file or directory, at any depth (inside a
+    pair's model directory too), makes --force refuse by name, and nothing is deleted."""
+    out = tmp_path / "P"
+    with atomic_dir(out, kind="pair") as tmp:
+        (tmp / "model").mkdir()
+        (tmp / "model" / "config.json").write_text("{}")
+        mark(tmp / "model", "model")
+    target = out / foreign.rstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.mkdir() if foreign.endswith("/") else target.write_text("the user's")
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    with pytest.raises(ConfigError, match=f"holds {out / foreign.split('/')[0] if foreign.startswith('sub') else out / foreign}.*did not write"):
+        with atomic_dir(out, force=True, kind="pair") as tmp:
+            (tmp / "new.txt").write_text("x")
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+
+
+def test_force_replaces_a_directory_holding_only_what_quantdiff_wrote(tmp_path, state):
+    out = tmp_path / "R"
+    with atomic_dir(out, kind="report") as tmp:
+        (tmp / "plots").mkdir()
+        (tmp / "plots" / "a.png").write_text("first")
+    assert set(json.loads((out / MARKER).read_text())["written"]) == {"plots", "plots/a.png"}
+    with atomic_dir(out, force=True, kind="report") as tmp:
+        (tmp / "report.md").write_text("second")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "report.md"]
+
+
+def test_a_marker_without_a_list_of_files_is_never_replaced(tmp_path, state):
+    """A directory marked before markers listed their files (and without a manifest) cannot say what is the
+    user's: refused even with --force."""
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / MARKER).write_text(json.dumps({"kind": "export", "quantdiff_version": "0.0"}))
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(ConfigError, match="no list of the files quantdiff wrote"):
+        with atomic_dir(out, force=True, kind="export"):
+            pass
+    assert (out / "notes.txt").read_text() == "the user's"
+
+
+def test_a_file_added_while_a_forced_replace_runs_is_kept_and_so_is_the_output(tmp_path, state):
+    out = tmp_path / "R"
+    with atomic_dir(out, kind="report") as tmp:
+        (tmp / "report.md").write_text("first")
+    with pytest.raises(ConfigError, match="notes.txt.*did not write.*kept as") as info:
+        with atomic_dir(out, force=True, kind="report") as tmp:
+            (tmp / "report.md").write_text("second")
+            (out / "notes.txt").write_text("the user's")
+    assert (out / "notes.txt").read_text() == "the user's" and (out / "report.md").read_text() == "first"
+    assert (info.value.kept / "report.md").read_text() == "second"
+
+
+def test_quantize_force_keeps_a_users_file_in_its_export(tmp_path, capsys):
+    out = tmp_path / "E"
+    main(["quantize", str(TINY), "--bits", "8", "--out", str(out)])
+    (out / "notes.txt").write_text("x")
+    err = _fails(capsys, ["quantize", TINY, "--bits", "4", "--out", out, "--force"])
+    assert str(out / "notes.txt") in err and (out / "notes.txt").read_text() == "x"
+
+
+def test_a_second_writer_of_the_same_output_keeps_its_finished_temporary(tmp_path, state):
+    """Two runs writing one --out: the second finds the first's output and keeps its own under the temporary
+    name its error states (the unsure item of the probe: nothing finished is deleted)."""
+    out = tmp_path / "E"
+    with pytest.raises(ConfigError, match="kept as") as info:
+        with atomic_dir(out, kind="export") as tmp:
+            (tmp / "config.json").write_text("second")
+            with atomic_dir(out, kind="export") as first:
+                (first / "config.json").write_text("first")
+    assert (out / "config.json").read_text() == "first" and (info.value.kept / "config.json").read_text() == "second"
+
+
+# ---- 2. GGUF exports hold the model's config or refuse it ----------------------------------------------------
+
+
+def _edited_tiny(tmp_path: Path, **fields) -> Path:
+    source = tmp_path / "src"
+    shutil.copytree(TINY, source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, **fields}))
+    return source
+
+
+@pytest.mark.parametrize("fields", [{"hidden_act": "gelu"}, {"hidden_act": "relu"}, {"pretraining_tp": 2}],
+                         ids=["gelu", "relu", "pretraining_tp"])
+def test_a_gguf_export_refuses_config_fields_the_file_cannot_hold(tmp_path, capsys, fields):
+    source = _edited_tiny(tmp_path, **fields)
+    (name, value), = fields.items()
+    err = _fails(capsys, ["quantize", source, "--format", "gguf", "--bits", "8", "--out", tmp_path / "m.gguf"])
+    assert f"cannot hold {name}={value!r}" in err and not (tmp_path / "m.gguf").exists()
+
+
+def test_the_gguf_read_back_compares_the_reloaded_config(tmp_path, capsys, monkeypatch):
+    """With the up-front refusal out of the way, the read-back itself catches the changed activation."""
+    from quantdiff.quant import gguf_export
+
+    monkeypatch.setattr(gguf_export, "check_held", lambda *args: None)
+    source = _edited_tiny(tmp_path, hidden_act="gelu")
+    err = _fails(capsys, ["quantize", source, "--format", "gguf", "--bits", "8", "--out", tmp_path / "m.gguf"])
+    assert "export check failed" in err and "hidden_act='gelu' (read back as 'silu')" in err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+# ---- 3. calibration never comes from an evaluation split -----------------------------------------------------
+
+
+def test_every_builtin_source_declares_its_split():
+    assert set(BUILTIN_SPLITS) == set(BUILTINS)
+    assert {s for s, split in BUILTIN_SPLITS.items() if split == EVALUATION_SPLIT} == {"builtin:corpus", "builtin:retrieval"}
+
+
+@pytest.mark.parametrize("source", ["builtin:corpus", "builtin:retrieval"])
+def test_evaluation_data_is_refused_as_calibration_everywhere(tmp_path, capsys, source):
+    with pytest.raises(ConfigError, match="is evaluation data"):
+        quantdiff.Calibration(source)
+    for argv in (["kv-plan", "bb/standard", "--calibration", source, "--out", tmp_path / "p.json"],
+                 ["eval", "tiny/standard", "--task", "lm", "--bits", "8", "--site", "linear", "--smooth", "0.5", "--calibration", source],
+                 ["quantize", "tiny/standard", "--smooth", "0.5", "--calibration", source, "--out", tmp_path / "q"]):
+        assert "is evaluation data" in _fails(capsys, argv)
+
+
+def test_a_plan_calibrated_on_evaluation_data_is_refused_for_every_task(tmp_path, capsys):
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps(_plan_document(source="builtin:retrieval")))
+    for task in ("bb", "lm"):
+        assert "is evaluation data" in _fails(capsys, ["eval", "bb/standard", "--task", task, "--kv-plan", plan])
+
+
+# ---- 4. one position check -----------------------------------------------------------------------------------
+
+
+def test_positions_beyond_the_model_are_refused_not_clamped(tmp_path, capsys):
+    """bb's models have 64 positions: kv-plan, calibration and the API refuse 65 as stats does."""
+    for argv in (["kv-plan", "bb/standard", "--seq-len", "65", "--out", tmp_path / "p.json"],
+                 ["stats", "bb/standard", "--seq-len", "65"]):
+        assert "65 tokens exceeds the model's 64 positions" in _fails(capsys, argv)
+    config = quantdiff.load("bb/standard", device="cpu").config
+    with pytest.raises(DataError, match="64 positions"):
+        quantdiff.Calibration("builtin:corpus-train", seq_len=65).length(config)
+    assert quantdiff.Calibration("builtin:corpus-train").length(config) == 64  # unset: the default, cut to the model
+
+
+# ---- 5. KV plans: a schema checked before use ----------------------------------------------------------------
+
+
+def _plan_document(source: str = "builtin:corpus-train") -> dict:
+    shape = {"kind": "standard", "layers": 2, "kv_heads": [2, 2], "query_heads": 2, "head_dim": 32}
+    calibrated = KVCalibration(shape, [[0.1, 0.9], [0.2, 0.4]], {}, {"source": source, "seq_len": 64})
+    return derive_plan(calibrated, "first", 4).to_dict()
+
+
+def _set(doc: dict, path: tuple, value) -> dict:
+    doc = json.loads(json.dumps(doc))
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return doc
+
+
+BAD_FIELDS = [
+    (("evidence",), None), (("evidence",), []), (("evidence", "calibration"), "x"), (("evidence", "calibration"), {}),
+    (("layers", 0, "keep_positions"), [2**63]), (("layers", 0, "keep_positions"), [-1]), (("layers", 0, "keep_positions"), [1.5]),
+    (("model", "layers"), "2"), (("model", "layers"), 0), (("model", "kv_heads"), [2]), (("model", "query_heads"), None),
+    (("layers", 0, "kv_bits"), [4, "4"]), (("layers", 0, "kv_bits"), [4, 17]), (("layers", 0, "kv_bits"), [True, 4]),
+    (("layers", 0, "layer"), 1), (("layers", 0), "x"), (("layers",), {}), (("budget_bits",), 4.0), (("version",), True),
+    (("policy",), ["first"]), (("quantizer", "keys"), "per token"),
+]
+
+
+@pytest.mark.parametrize("path,value", BAD_FIELDS, ids=[f"{'.'.join(map(str, p))}={v!r}"[:40] for p, v in BAD_FIELDS])
+def test_a_plan_breaking_the_schema_is_one_line_naming_the_field(tmp_path, path, value):
+    file = tmp_path / "p.json"
+    file.write_text(json.dumps(_set(_plan_document(), path, value)))
+    with pytest.raises(ConfigError) as info:
+        KVPlan.load(file)
+    named = str(path[-2] if isinstance(path[-1], int) else path[-1])
+    assert "\n" not in str(info.value) and (named in str(info.value) or "layer 0" in str(info.value) or "layers" in str(info.value)), info.value
+
+
+def test_a_plan_that_does_not_name_its_calibration_is_refused(tmp_path, capsys):
+    doc = _plan_document()
+    file = tmp_path / "p.json"
+    file.write_text(json.dumps({key: value for key, value in doc.items() if key != "evidence"}))
+    with pytest.raises(ConfigError, match="'evidence' is missing"):
+        KVPlan.load(file)
+    file.write_text(json.dumps({**doc, "evidence": {}}))
+    assert "does not say what it was calibrated on" in _fails(capsys, ["eval", "bb/standard", "--task", "bb", "--kv-plan", file])
+
+
+def test_a_valid_plan_round_trips(tmp_path):
+    file = tmp_path / "p.json"
+    file.write_text(json.dumps(_plan_document()))
+    plan = KVPlan.load(file)
+    assert plan.to_dict() == _plan_document() and plan.layers[0].keep_positions == (0,)
+
+
+@pytest.mark.parametrize("content", [b"[" * 200_000, b'{"schema": "quantdiff.kv-plan", "x": "\xff"}', b""], ids=["nested", "not-utf8", "empty"])
+def test_a_damaged_plan_file_is_one_line(tmp_path, content):
+    file = tmp_path / "p.json"
+    file.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        KVPlan.load(file)
+    assert "\n" not in str(info.value)
+
+
+# ---- 6. every input path is a regular file -------------------------------------------------------------------
+
+
+def test_a_device_or_fifo_as_a_plan_is_refused_without_reading_it(tmp_path):
+    fifo = tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", fifo, tmp_path):
+        with pytest.raises(QuantdiffError, match="--kv-plan"):
+            KVPlan.load(path)
+
+
+# ---- 7. GGUF headers checked before gguf's reader ------------------------------------------------------------
+
+
+def _gguf_header(tensors: int, keys: list[tuple[str, int, bytes]]) -> bytes:
+    body = b"".join(struct.pack("<Q", len(k)) + k.encode() + struct.pack("<I", kind) + value for k, kind, value in keys)
+    return b"GGUF" + struct.pack("<IQQ", 3, tensors, len(keys)) + body
+
+
+@pytest.mark.parametrize("make,reason", [
+    (lambda: _gguf_header(0, [("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, MAX_ARRAY_ENTRIES + 1))]), "entries, more than"),
+    (lambda: _gguf_header(10**15, []), "more than its"),
+    (lambda: _gguf_header(0, [("general.name", 8, struct.pack("<Q", 10**12))]), "header claims more bytes"),
+    (lambda: _gguf_header(0, [("general.name", 99, b"")]), "unknown value type"),
+    (lambda: b"GGUF" + struct.pack("<IQ", 3, 10**6) + struct.pack("<Q", 2**62), "more than its"),
+], ids=["huge-array", "tensor-count", "string-length", "value-type", "key-count"])
+def test_a_hostile_gguf_header_is_refused_before_gguf_reads_it(tmp_path, make, reason):
+    file = tmp_path / "m.gguf"
+    file.write_bytes(make())
+    with pytest.raises(LoadError, match=reason):
+        check_header_counts(file)
+
+
+# ---- 8. the API's arguments ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("call", [
+    lambda: quantdiff.HadamardRotation(5), lambda: quantdiff.KVSite(plan="x"), lambda: quantdiff.LinearSite(include_lm_head="yes"),
+    lambda: quantdiff.AbsmaxMethod(8.0), lambda: quantdiff.Calibration(5), lambda: quantdiff.LLMInt8Method(8, "6"),
+    lambda: quantdiff.QuantConfig("absmax", "logits"), lambda: quantdiff.load("x" * 300),
+    lambda: quantdiff.parse_config("absmax", 8, "qk", threshold=3.0), lambda: quantdiff.parse_export("absmax", 4, threshold=5.0),
+    lambda: quantdiff.parse_export("nf4", 4, threshold=5.0), lambda: quantdiff.parse_config("llm-int8", 8, "linear", granularity="row"),
+    lambda: quantdiff.parse_config("absmax", 8, "logits", include_lm_head=True), lambda: quantdiff.parse_config("absmax", 8.0, "logits"),
+    lambda: quantdiff.load("tiny/standard", device_map={"": "meta"}), lambda: quantdiff.load("tiny/standard", device_map="meta"),
+], ids=["hadamard-arg", "kvsite-plan", "lm-head-str", "bits-float", "calibration-int", "threshold-str", "config-names", "long-name",
+        "threshold-absmax", "threshold-export", "threshold-nf4", "granularity-int8", "lm-head-logits", "bits-float-parse",
+        "device-map-meta", "device-map-str-meta"])
+def test_bad_api_arguments_are_one_quantdiff_error_line(call):
+    with pytest.raises(QuantdiffError) as info:
+        call()
+    assert "\n" not in str(info.value)
+
+
+def test_integers_of_any_kind_are_integers_and_stored_as_int():
+    for bits in (np.int64(8), np.int32(8), np.uint8(8), 8, "8"):
+        config = quantdiff.parse_config("absmax", bits, "logits")
+        assert config.method.bits == 8 and type(config.method.bits) is int
+    assert type(quantdiff.AbsmaxMethod(np.int16(4)).bits) is int
+    assert json.dumps(quantdiff.parse_config("llm-int8", np.int64(8), "linear").to_dict())
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return quantdiff.load("tiny/standard", device="cpu")
+
+
+def test_token_ids_are_checked_in_int64_and_on_a_real_device(tiny_model):
+    vocab = tiny_model.config.vocab_size  # 1536: 0 in int8/uint8
+    with pytest.raises(DataError, match="meta device"):
+        quantdiff.collect_stats(tiny_model, torch.zeros(1, 8, dtype=torch.long, device="meta"))
+    with pytest.raises(DataError, match=f"token id {vocab + 1} outside"):
+        quantdiff.collect_stats(tiny_model, torch.full((1, 8), vocab + 1, dtype=torch.int16))
+    small = torch.arange(8, dtype=torch.uint8).reshape(1, 8)
+    assert quantdiff.collect_stats(tiny_model, small).summary() == quantdiff.collect_stats(tiny_model, small.long()).summary()
+
+
+def test_names_standing_for_several_models_are_one_line(tmp_path, capsys):
+    for name in ("tiny", "bb"):
+        err = _fails(capsys, ["kv-plan", name, "--out", tmp_path / "p.json"])
+        assert f"MODEL '{name}' names" in err and f"{name}/standard" in err
+
+
+# ---- 9. nf4/fp4 exports run where transformers runs them ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["gated", "diffv2"])
+def test_nf4_of_layers_bitsandbytes_cpu_kernel_cannot_run_is_refused(tmp_path, capsys, kind):
+    """bitsandbytes' AVX512-BF16 CPU path packs 32 output rows at a time and asserts they divide the rows."""
+    err = _fails(capsys, ["quantize", f"bb/{kind}", "--method", "nf4", "--bits", "4", "--out", tmp_path / "e"])
+    assert "not a multiple of 32" in err and not (tmp_path / "e").exists()

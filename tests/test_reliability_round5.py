@@ -18,11 +18,9 @@ import torch
 
 import quantdiff
 from quantdiff.cli.app import main
-from quantdiff.core.errors import ConfigError, DataError, LoadError, QuantdiffError
-from quantdiff.core.owned import MARKER
-from quantdiff.core.savedir import atomic_dir, mark
-from quantdiff.data.sources import BUILTIN_SPLITS, BUILTINS, EVALUATION_SPLIT
-from quantdiff.models.gguf_header import MAX_ARRAY_ENTRIES, check_header_counts
+from quantdiff.core.errors import ConfigError, DataError, QuantdiffError
+from quantdiff.core.savedir import MARKER, atomic_dir, mark
+from quantdiff.data.sources import BUILTINS
 from quantdiff.models.names import ASSETS
 from quantdiff.quant.kv_plan import KVPlan, KVCalibration, derive_plan
 from test_reliability import _fails, state  # noqa: F401  (state: a private temporaries registry)
@@ -143,6 +141,8 @@ def test_the_gguf_read_back_compares_the_reloaded_config(tmp_path, capsys, monke
 
 
 def test_every_builtin_source_declares_its_split():
+    from quantdiff.data.sources import BUILTIN_SPLITS, EVALUATION_SPLIT
+
     assert set(BUILTIN_SPLITS) == set(BUILTINS)
     assert {s for s, split in BUILTIN_SPLITS.items() if split == EVALUATION_SPLIT} == {"builtin:corpus", "builtin:retrieval"}
 
@@ -196,24 +196,32 @@ def _set(doc: dict, path: tuple, value) -> dict:
     return doc
 
 
-BAD_FIELDS = [
-    (("evidence",), None), (("evidence",), []), (("evidence", "calibration"), "x"), (("evidence", "calibration"), {}),
-    (("layers", 0, "keep_positions"), [2**63]), (("layers", 0, "keep_positions"), [-1]), (("layers", 0, "keep_positions"), [1.5]),
-    (("model", "layers"), "2"), (("model", "layers"), 0), (("model", "kv_heads"), [2]), (("model", "query_heads"), None),
-    (("layers", 0, "kv_bits"), [4, "4"]), (("layers", 0, "kv_bits"), [4, 17]), (("layers", 0, "kv_bits"), [True, 4]),
-    (("layers", 0, "layer"), 1), (("layers", 0), "x"), (("layers",), {}), (("budget_bits",), 4.0), (("version",), True),
-    (("policy",), ["first"]), (("quantizer", "keys"), "per token"),
+BAD_FIELDS = [  # (path, value, what the one line names)
+    (("evidence",), None, "evidence must be an object"), (("evidence",), [], "evidence must be an object"),
+    (("evidence", "calibration"), "x", "evidence.calibration must be an object"),
+    (("evidence", "calibration"), {}, "evidence.calibration.source"),
+    (("layers", 0, "keep_positions"), [2**63], "layers[0].keep_positions[0] must be an integer from 0"),
+    (("layers", 0, "keep_positions"), [-1], "layers[0].keep_positions[0] must be an integer from 0"),
+    (("layers", 0, "keep_positions"), [1.5], "layers[0].keep_positions[0] must be an integer from 0"),
+    (("model", "layers"), "2", "model.layers must be an integer from 1"), (("model", "layers"), 0, "model.layers must be an integer from 1"),
+    (("model", "kv_heads"), [2], "model.kv_heads lists 1 layers"), (("model", "query_heads"), None, "model.query_heads must be an integer"),
+    (("layers", 0, "kv_bits"), [4, "4"], "layers[0].kv_bits[1] must be an integer from 2 to 16"),
+    (("layers", 0, "kv_bits"), [4, 17], "layers[0].kv_bits[1] must be an integer from 2 to 16"),
+    (("layers", 0, "kv_bits"), [True, 4], "layers[0].kv_bits[0] must be an integer from 2 to 16"),
+    (("layers", 0, "layer"), 1, "layers[0] is marked layer 1: entries are applied in list order"),
+    (("layers", 0), "x", "layers[0] must be an object"), (("layers",), {}, "layers must be a list"),
+    (("budget_bits",), 4.0, "budget_bits must be an integer from 2 to 16"), (("version",), True, "version True is not supported"),
+    (("policy",), ["first"], "unknown policy ['first']"), (("quantizer", "keys"), "per token", "quantizer"),
 ]
 
 
-@pytest.mark.parametrize("path,value", BAD_FIELDS, ids=[f"{'.'.join(map(str, p))}={v!r}"[:40] for p, v in BAD_FIELDS])
-def test_a_plan_breaking_the_schema_is_one_line_naming_the_field(tmp_path, path, value):
+@pytest.mark.parametrize("path,value,named", BAD_FIELDS, ids=[f"{'.'.join(map(str, p))}={v!r}"[:40] for p, v, _ in BAD_FIELDS])
+def test_a_plan_breaking_the_schema_is_one_line_naming_the_field(tmp_path, path, value, named):
     file = tmp_path / "p.json"
     file.write_text(json.dumps(_set(_plan_document(), path, value)))
     with pytest.raises(ConfigError) as info:
         KVPlan.load(file)
-    named = str(path[-2] if isinstance(path[-1], int) else path[-1])
-    assert "\n" not in str(info.value) and (named in str(info.value) or "layer 0" in str(info.value) or "layers" in str(info.value)), info.value
+    assert "\n" not in str(info.value) and named in str(info.value), info.value
 
 
 def test_a_plan_that_does_not_name_its_calibration_is_refused(tmp_path, capsys):
@@ -256,6 +264,9 @@ def test_a_device_or_fifo_as_a_plan_is_refused_without_reading_it(tmp_path):
 # ---- 7. GGUF headers checked before gguf's reader ------------------------------------------------------------
 
 
+MAX_ARRAY_ENTRIES = 1 << 20  # models.gguf_header's limit (asserted below)
+
+
 def _gguf_header(tensors: int, keys: list[tuple[str, int, bytes]]) -> bytes:
     body = b"".join(struct.pack("<Q", len(k)) + k.encode() + struct.pack("<I", kind) + value for k, kind, value in keys)
     return b"GGUF" + struct.pack("<IQQ", 3, tensors, len(keys)) + body
@@ -268,11 +279,15 @@ def _gguf_header(tensors: int, keys: list[tuple[str, int, bytes]]) -> bytes:
     (lambda: _gguf_header(0, [("general.name", 99, b"")]), "unknown value type"),
     (lambda: b"GGUF" + struct.pack("<IQ", 3, 10**6) + struct.pack("<Q", 2**62), "more than its"),
 ], ids=["huge-array", "tensor-count", "string-length", "value-type", "key-count"])
-def test_a_hostile_gguf_header_is_refused_before_gguf_reads_it(tmp_path, make, reason):
+def test_a_hostile_gguf_header_is_refused_before_gguf_reads_it(tmp_path, capsys, monkeypatch, make, reason):
+    """Refused by `info` (any command reading a GGUF file) with one line, before gguf's reader runs."""
+    from quantdiff.models import gguf_header
+
+    monkeypatch.setenv("QUANTDIFF_CACHE", str(tmp_path / "cache"))
+    assert gguf_header.MAX_ARRAY_ENTRIES == MAX_ARRAY_ENTRIES
     file = tmp_path / "m.gguf"
     file.write_bytes(make())
-    with pytest.raises(LoadError, match=reason):
-        check_header_counts(file)
+    assert reason in _fails(capsys, ["info", file])
 
 
 # ---- 8. the API's arguments ----------------------------------------------------------------------------------

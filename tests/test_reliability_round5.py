@@ -212,6 +212,8 @@ BAD_FIELDS = [  # (path, value, what the one line names)
     (("layers", 0), "x", "layers[0] must be an object"), (("layers",), {}, "layers must be a list"),
     (("budget_bits",), 4.0, "budget_bits must be an integer from 2 to 16"), (("version",), True, "version True is not supported"),
     (("policy",), ["first"], "unknown policy ['first']"), (("quantizer", "keys"), "per token", "quantizer"),
+    (("layers", 0, "keep_position"), [0], "unknown field layers[0].'keep_position'"), (("budget",), 4, "unknown field 'budget'"),
+    (("model", "heads"), 2, "unknown field model.'heads'"),
 ]
 
 
@@ -241,7 +243,7 @@ def test_a_valid_plan_round_trips(tmp_path):
     assert plan.to_dict() == _plan_document() and plan.layers[0].keep_positions == (0,)
 
 
-@pytest.mark.parametrize("content", [b"[" * 200_000, b'{"schema": "quantdiff.kv-plan", "x": "\xff"}', b""], ids=["nested", "not-utf8", "empty"])
+@pytest.mark.parametrize("content", [b'{"schema": "quantdiff.kv-plan", "schema": "quantdiff.kv-plan"}', b"[" * 200_000, b'{"schema": "quantdiff.kv-plan", "x": "\xff"}', b""], ids=["repeated-key", "nested", "not-utf8", "empty"])
 def test_a_damaged_plan_file_is_one_line(tmp_path, content):
     file = tmp_path / "p.json"
     file.write_bytes(content)

@@ -28,7 +28,7 @@ class _Header:
         self.file, self.size, self.named, self.order = file, size, named, order
 
     def bad(self, reason: str) -> LoadError:
-        return LoadError(f"GGUF file {self.named}: {reason}: refusing to read it")
+        return LoadError(f"unreadable GGUF file {self.named}: {reason}: refusing to read it")
 
     def number(self, fmt: str) -> int:
         data = self.file.read(struct.calcsize(fmt))
@@ -73,7 +73,7 @@ def check_header_counts(path: Path, named: Path | None = None) -> None:
         size = path.stat().st_size
         with path.open("rb") as file:
             if file.read(4) != MAGIC:
-                raise LoadError(f"GGUF file {named}: no GGUF magic at its start: not a GGUF file")
+                raise LoadError(f"unreadable GGUF file {named}: no GGUF magic at its start")
             version = struct.unpack("<I", file.read(4) or b"\0\0\0\0")[0]
             header = _Header(file, size, named, "<" if version & 0xFFFF else ">")  # byte-swapped files: big-endian
             tensors, keys = header.number("Q"), header.number("Q")
@@ -83,4 +83,4 @@ def check_header_counts(path: Path, named: Path | None = None) -> None:
                 key = header.string().decode("utf-8", "replace")
                 header.value(header.number("I"), key)
     except OSError as exc:
-        raise LoadError(f"cannot read GGUF file {named}: {exc.strerror or exc}") from None
+        raise LoadError(f"unreadable GGUF file {named}: {exc.strerror or exc}") from None

@@ -2,7 +2,7 @@
 type, range and relation to the others, so a hand-edited or damaged plan is one ConfigError line naming the
 field, never an AttributeError, an overflow or a plan applied otherwise than it reads.
 
-Besides the types: the version this quantdiff reads; `quantizer`, when given, is the one applied; per layer
+Besides the types: no unknown or repeated field (a misspelt one would be ignored); the version this quantdiff reads; `quantizer`, when given, is the one applied; per layer
 entry, `layer` (when given) is its index, since entries are applied in list order; bits per KV head 2–16;
 kept positions below MAX_POSITION; `evidence` an object, whose `calibration.source`, when given, names the
 calibration data (`--kv-plan` requires it: `cli.transform_options.load_kv_plans`).
@@ -23,6 +23,10 @@ from quantdiff.quant.numerics import MAX_BITS, MIN_BITS
 MAX_PLAN_BYTES = 64 << 20  # a plan for 10,000 layers of 128 heads is a few MB
 MAX_POSITION = 2**31 - 1  # far beyond any model's positions; larger values overflow the index tensors
 QUANTIZER = {"method": "absmax", "keys": "per channel", "values": "per token", "full_bits": MAX_BITS}
+# The fields each object may hold: any other (a misspelt "keep_position") would be ignored, so it is refused.
+PLAN_FIELDS = ("schema", "version", "policy", "budget_bits", "quantizer", "model", "layers", "evidence")
+MODEL_FIELDS = ("kind", "layers", "kv_heads", "query_heads", "head_dim", "name")
+LAYER_FIELDS = ("layer", "kv_bits", "keep_positions")
 
 
 def read_plan_json(path: str | Path) -> Any:
@@ -41,11 +45,26 @@ def read_plan_json(path: str | Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot read kv plan {path}: {exc.strerror or exc}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"kv plan {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
     except RecursionError:
         raise ConfigError(f"kv plan {path}: JSON nested too deeply to be a plan") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys are all different (json keeps the last of two silently)."""
+    keys = [key for key, _ in pairs]
+    repeated = next((key for index, key in enumerate(keys) if key in keys[:index]), None)
+    if repeated is not None:
+        raise ConfigError(f"kv plan: the field {repeated!r} is given twice")
+    return dict(pairs)
+
+
+def _known(value: dict, fields: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise ConfigError(f"kv plan: unknown field {where}{unknown[0]!r} (known: {', '.join(fields)})")
 
 
 def _integer(value: Any, field: str, least: int, most: int) -> int:
@@ -74,6 +93,7 @@ def check_plan_document(data: Any) -> None:
         raise ConfigError(f"not a KV plan: expected \"schema\": \"{PLAN_SCHEMA}\"")
     if isinstance(data.get("version"), bool) or data.get("version") != PLAN_VERSION:
         raise ConfigError(f"KV plan version {data.get('version')!r} is not supported (this quantdiff reads version {PLAN_VERSION})")
+    _known(data, PLAN_FIELDS, "")
     missing = next((key for key in ("policy", "budget_bits", "model", "layers", "evidence") if key not in data), None)
     if missing is not None:
         raise ConfigError(f"kv plan: the field {missing!r} is missing")
@@ -83,6 +103,7 @@ def check_plan_document(data: Any) -> None:
     if "quantizer" in data and data["quantizer"] != QUANTIZER:
         raise ConfigError(f"kv plan: quantizer {json.dumps(data['quantizer'])[:80]} is not the one applied ({json.dumps(QUANTIZER)})")
     model = _object(data["model"], "model")
+    _known(model, MODEL_FIELDS, "model.")
     if not isinstance(model.get("kind"), str):
         raise ConfigError(f"kv plan: model.kind must be a string, got {model.get('kind')!r}")
     layers = _integer(model.get("layers"), "model.layers", 1, MAX_POSITION)
@@ -107,6 +128,7 @@ def check_plan_document(data: Any) -> None:
 
 def _check_layer(entry: dict, index: int, heads: int) -> None:
     where = f"layers[{index}]"
+    _known(entry, LAYER_FIELDS, f"{where}.")
     if "layer" in entry and (isinstance(entry["layer"], bool) or entry["layer"] != index):
         raise ConfigError(f"kv plan: {where} is marked layer {entry['layer']!r}: entries are applied in list order, so layer i must be entry i")
     bits = _list(entry.get("kv_bits"), f"{where}.kv_bits")

@@ -86,7 +86,7 @@ def collect_stats(
     if isinstance(data, torch.Tensor):
         data = make_batches(check.token_ids(data, model).tolist(), batch_size)
     else:
-        check.batches(data, model)
+        data = check.batches(data, model)
     return collect_batches(model, data, k, compile=compile)
 
 

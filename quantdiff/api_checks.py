@@ -150,8 +150,8 @@ def token_ids(data: torch.Tensor, model: nn.Module) -> torch.Tensor:
     return rows
 
 
-def batches(data: Any, model: nn.Module) -> None:
-    """A non-empty sequence of Batch objects whose ids and lengths fit the model."""
+def batches(data: Any, model: nn.Module) -> list:
+    """A non-empty sequence of Batch objects whose ids and lengths fit the model; returned with int64 ids."""
     from quantdiff.data.sources import Batch
 
     if isinstance(data, (str, bytes)) or not isinstance(data, Sequence) or not data:
@@ -159,7 +159,9 @@ def batches(data: Any, model: nn.Module) -> None:
     wrong = next((b for b in data if not isinstance(b, Batch)), None)
     if wrong is not None:
         raise DataError(f"data must be token ids (a tensor) or Batch objects, got a list holding {kind_of(wrong)}")
+    checked = []
     for batch in data:
         if batch.input_ids.dim() != 2 or batch.input_ids.numel() == 0:
             raise DataError(f"a Batch's input_ids must be (B, T) and non-empty, got shape {tuple(batch.input_ids.shape)}")
-        token_ids(batch.input_ids, model)
+        checked.append(Batch(token_ids(batch.input_ids, model), batch.attention_mask, batch.first_sequence))
+    return checked

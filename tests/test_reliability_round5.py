@@ -258,7 +258,7 @@ def test_a_damaged_plan_file_is_one_line(tmp_path, content):
 def test_a_device_or_fifo_as_a_plan_is_refused_without_reading_it(tmp_path):
     fifo = tmp_path / "plan.json"
     os.mkfifo(fifo)
-    for path in ("/dev/zero", fifo, tmp_path):
+    for path in ("/dev/zero", fifo, tmp_path, tmp_path / ("x" * 300)):
         with pytest.raises(QuantdiffError, match="--kv-plan"):
             KVPlan.load(path)
 
@@ -331,8 +331,12 @@ def test_token_ids_are_checked_in_int64_and_on_a_real_device(tiny_model):
         quantdiff.collect_stats(tiny_model, torch.zeros(1, 8, dtype=torch.long, device="meta"))
     with pytest.raises(DataError, match=f"token id {vocab + 1} outside"):
         quantdiff.collect_stats(tiny_model, torch.full((1, 8), vocab + 1, dtype=torch.int16))
+    from quantdiff.data.sources import Batch
+
     small = torch.arange(8, dtype=torch.uint8).reshape(1, 8)
-    assert quantdiff.collect_stats(tiny_model, small).summary() == quantdiff.collect_stats(tiny_model, small.long()).summary()
+    reference = quantdiff.collect_stats(tiny_model, small.long()).summary()
+    assert quantdiff.collect_stats(tiny_model, small).summary() == reference
+    assert quantdiff.collect_stats(tiny_model, [Batch(small.to(torch.int8), None, 0)]).summary() == reference
 
 
 def test_names_standing_for_several_models_are_one_line(tmp_path, capsys):

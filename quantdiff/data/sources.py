@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -165,11 +166,15 @@ def check_data_file(path: str | Path, flag: str = "--data") -> None:
     if not str(path).strip():
         raise DataError(f"{flag} is empty: name a data file")
     path = Path(path)
-    if not path.exists():
-        raise DataError(f"{flag} file not found: {path}")
-    if path.is_dir():
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise DataError(f"{flag} file not found: {path}") from None
+    except OSError as exc:  # a name too long, a symlink loop, no permission
+        raise DataError(f"{flag} {str(path)[:80]}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
         raise DataError(f"{flag} is a directory, not a file: {path}")
-    if not path.is_file():
+    if not stat.S_ISREG(mode):
         raise DataError(f"{flag} is not a regular file: {path}")
 
 

@@ -353,3 +353,37 @@ def test_nf4_of_layers_bitsandbytes_cpu_kernel_cannot_run_is_refused(tmp_path, c
     """bitsandbytes' AVX512-BF16 CPU path packs 32 output rows at a time and asserts they divide the rows."""
     err = _fails(capsys, ["quantize", f"bb/{kind}", "--method", "nf4", "--bits", "4", "--out", tmp_path / "e"])
     assert "not a multiple of 32" in err and not (tmp_path / "e").exists()
+
+
+# ---- 10. the unsure items, as decided ------------------------------------------------------------------------
+
+
+def test_train_names_every_environment_value_it_replaces():
+    """Run where torch is not yet imported (as `quantdiff train` runs): each replaced value is one note."""
+    import subprocess
+    import sys
+
+    code = "from quantdiff.train.determinism import pin_environment; print('\\n'.join(pin_environment()))"
+    env = {**os.environ, "MKL_CBWR": "AUTO", "OMP_NUM_THREADS": "3"}
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    notes = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert notes == ["note: this run sets MKL_CBWR=AVX2 (it was AUTO), for bit-identical training",
+                     "note: this run trains on 1 thread(s), not OMP_NUM_THREADS=3, for bit-identical training"]
+
+
+def test_the_sink_kinds_engine_gap_is_float_attention_order():
+    """Why W8A8 of bb/sink differs between transformers and quantdiff (docs/reliability.md): unquantized, the
+    standard kind agrees exactly (SDPA), the sink kind only to float rounding (GPT-OSS's eager attention appends
+    the sink as a column; quantdiff's backend starts the online softmax at it)."""
+    from transformers import AutoModelForCausalLM
+
+    from quantdiff.models.names import resolve
+
+    gaps = {}
+    for kind in ("standard", "sink"):
+        ours = quantdiff.load(f"bb/{kind}", device="cpu")
+        ids = torch.randint(0, ours.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+        theirs = AutoModelForCausalLM.from_pretrained(resolve(f"bb/{kind}")[0], dtype=torch.float32).eval()
+        with torch.no_grad():
+            gaps[kind] = float((ours(ids).logits - theirs(ids).logits).abs().max())
+    assert gaps["standard"] == 0.0 and 0.0 < gaps["sink"] < 1e-4, gaps

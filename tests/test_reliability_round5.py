@@ -317,6 +317,8 @@ def test_integers_of_any_kind_are_integers_and_stored_as_int():
         config = quantdiff.parse_config("absmax", bits, "logits")
         assert config.method.bits == 8 and type(config.method.bits) is int
     assert type(quantdiff.AbsmaxMethod(np.int16(4)).bits) is int
+    method = quantdiff.LLMInt8Method(np.int64(8), np.float32(5.5))
+    assert (method.bits, method.threshold) == (8, 5.5) and type(method.threshold) is float
     assert json.dumps(quantdiff.parse_config("llm-int8", np.int64(8), "linear").to_dict())
 
 

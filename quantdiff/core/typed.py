@@ -2,7 +2,7 @@
 call that does not fit its signature (`HadamardRotation(5)`) and an argument whose type is not its field's
 annotation (`KVSite(plan="x")`), each as one ConfigError line naming the class and the field, instead of a
 TypeError or an AttributeError when the value is first used. Integers follow `core.integers` (a numpy integer
-is stored as an int); floats take any real number but a bool."""
+is stored as an int); floats take any real number but a bool, stored as a float."""
 
 from __future__ import annotations
 
@@ -41,6 +41,16 @@ def _fits(value: Any, hint: Any) -> bool:
     return isinstance(value, hint) if isinstance(hint, type) else True
 
 
+def _plain(value: Any, hint: Any) -> Any:
+    """A numpy number as the Python int or float its field holds (so configs compare and serialise as usual)."""
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if int in members and as_int(value) is not None:
+        return as_int(value)
+    if float in members and isinstance(value, Real) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
 def _shown(hint: Any) -> str:
     """'KVPlan | None' for quantdiff.quant.kv_plan.KVPlan | None (module paths dropped)."""
     return re.sub(r"[\w.]+\.(\w+)", r"\1", re.sub(r"<class '([\w.]+)'>", r"\1", str(hint)))
@@ -65,8 +75,7 @@ def checked_class(cls: C) -> C:
                 continue
             if not _fits(value, hint):
                 raise ConfigError(f"{cls.__name__}: {name} must be {_shown(hint)}, got {value!r:.60}")
-            if hint is int or (typing.get_origin(hint) in (typing.Union, types.UnionType) and int in typing.get_args(hint)):
-                bound.arguments[name] = as_int(value) if as_int(value) is not None else value
+            bound.arguments[name] = _plain(value, hint)
         init(*bound.args, **bound.kwargs)
 
     cls.__init__ = __init__  # type: ignore[method-assign]

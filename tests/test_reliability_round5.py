@@ -389,3 +389,17 @@ def test_the_sink_kinds_engine_gap_is_float_attention_order():
         with torch.no_grad():
             gaps[kind] = float((ours(ids).logits - theirs(ids).logits).abs().max())
     assert gaps["standard"] == 0.0 and 0.0 < gaps["sink"] < 1e-4, gaps
+
+
+def test_pair_force_keeps_a_file_inside_one_of_its_models(tmp_path, capsys):
+    """The probe's case: `pair P --force` deleted P/standard/sentinel.txt and plans kv-plan had written there."""
+    out = tmp_path / "P"
+    small = ["--hidden-size", "32", "--layers", "1", "--heads", "2", "--vocab-size", "300"]
+    main(["pair", str(out), *small])
+    capsys.readouterr()
+    (out / "standard" / "sentinel.txt").write_text("the user's")
+    err = _fails(capsys, ["pair", out, *small, "--force"])
+    assert str(out / "standard" / "sentinel.txt") in err and (out / "standard" / "sentinel.txt").read_text() == "the user's"
+    (out / "standard" / "sentinel.txt").unlink()
+    main(["pair", str(out), *small, "--force"])  # only what quantdiff wrote: replaced
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "diff", "standard"]

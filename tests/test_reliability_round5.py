@@ -243,11 +243,20 @@ def test_a_valid_plan_round_trips(tmp_path):
     assert plan.to_dict() == _plan_document() and plan.layers[0].keep_positions == (0,)
 
 
-@pytest.mark.parametrize("content", [b'{"schema": "quantdiff.kv-plan", "schema": "quantdiff.kv-plan"}', b"[" * 200_000, b'{"schema": "quantdiff.kv-plan", "x": "\xff"}', b""], ids=["repeated-key", "nested", "not-utf8", "empty"])
-def test_a_damaged_plan_file_is_one_line(tmp_path, content):
+def test_a_plan_giving_a_field_twice_is_refused(tmp_path):
+    """JSON keeps the last of two equal keys silently: the plan would not be the one read."""
+    file = tmp_path / "p.json"
+    file.write_text('{"budget_bits": 8, ' + json.dumps(_plan_document())[1:])
+    with pytest.raises(ConfigError, match="'budget_bits' is given twice"):
+        KVPlan.load(file)
+
+
+@pytest.mark.parametrize("content,reason", [(b"[" * 200_000, "nested too deeply"), (b'{"schema": "quantdiff.kv-plan", "x": "\xff"}', "not UTF-8"),
+                                            (b"", "not valid JSON")], ids=["nested", "not-utf8", "empty"])
+def test_a_damaged_plan_file_is_one_line(tmp_path, content, reason):
     file = tmp_path / "p.json"
     file.write_bytes(content)
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigError, match=reason) as info:
         KVPlan.load(file)
     assert "\n" not in str(info.value)
 

@@ -14,7 +14,7 @@ import quantdiff.attention.backend as attention
 from quantdiff.data.sources import BUILTIN_CORPUS, BUILTINS, Batch, check_data_file, shard
 from quantdiff.core.atomic import STDOUT, writable_target
 from quantdiff.core.outputs import check_outputs
-from quantdiff.core.errors import ConfigError, DataError
+from quantdiff.core.errors import ConfigError
 from quantdiff.core.device import resolve_device
 from quantdiff.core.memory import check_fits
 from quantdiff.eval.bounds import check_positions

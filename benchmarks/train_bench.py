@@ -4,7 +4,7 @@ Defaults are the tiny recipe's size.
 The paper reports Diff Transformer costing 5–12% throughput (Table 7, with FlashAttention kernels on GPU).
 Here both kinds run the same forward + backward + AdamW step on the same random batch, alternating
 kind every repeat so machine noise hits both alike; the median step time of each is reported.
-On CUDA it also reports model FLOPs utilisation (MFU): 6·N·tokens + attention FLOPs, over the GPU's
+On CUDA in bf16 it also reports model FLOPs utilisation (MFU): 6·N·tokens + attention FLOPs, over the GPU's
 dense bf16 peak (pass --peak-tflops for a GPU not in the table).
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/train_bench.py                  # tiny recipe size, CPU
@@ -86,7 +86,7 @@ def main() -> None:
     print(f"device {device}{' (' + torch.cuda.get_device_name() + ')' if device.type == 'cuda' else ''}, threads {torch.get_num_threads()}, "
           f"bf16 {bf16}, compile {cfg.compile}; d{cfg.hidden} L{cfg.layers} H{cfg.heads} V{cfg.vocab}, batch {cfg.batch} × seq {cfg.seq}")
     speed = {}
-    peak = peak_tflops(cfg.peak_tflops) if device.type == "cuda" else None
+    peak = peak_tflops(cfg.peak_tflops) if device.type == "cuda" and bf16 else None  # the table's peaks are bf16's
     for kind, model in models.items():
         median = statistics.median(times[kind])
         speed[kind] = tokens / median

@@ -14,11 +14,12 @@ from torch import nn
 
 from quantdiff import api_checks as check
 from quantdiff.core.device import resolve_device
-from quantdiff.core.errors import ConfigError, LoadError
+from quantdiff.core.errors import ConfigError
+from quantdiff.core.integers import as_int
 from quantdiff.core.memory import check_fits
 from quantdiff.data.sources import Batch, make_batches
 from quantdiff.models import loading
-from quantdiff.models.names import resolve
+from quantdiff.models.names import check_one_model, resolve
 from quantdiff.quant import checkpoint, export, formats, gguf_export, kv_cache as kv_caches, sites, transforms
 from quantdiff.quant.formats import ExportFormat
 from quantdiff.quant.gguf_format import GGUFExport
@@ -32,10 +33,7 @@ GGUF_EXPORT_KEYWORDS = ("include_lm_head", "force", "allow_partial")
 
 
 def _one_model(model: str | Path) -> Path:
-    paths = resolve(check.model_name(model))
-    if len(paths) != 1:
-        raise LoadError(f"model={str(model)!r} names {len(paths)} models; load one at a time (e.g. {model}/diff)")
-    return paths[0]
+    return check_one_model(model, resolve(check.model_name(model)), "model")
 
 
 @check.arguments
@@ -51,6 +49,7 @@ def load(model: str | Path, device: str | torch.device | None = None, dtype: tor
         kwargs["tile_size"] = check.tile_size(kwargs["tile_size"])
     if "trust_remote_code" in kwargs:
         check.flag(kwargs["trust_remote_code"], "trust_remote_code")
+    check.device_map(kwargs.get("device_map"))
     check.model_name(model)
     wanted = check.dtype(dtype)
     if kwargs.get("device_map") is None:
@@ -87,7 +86,7 @@ def collect_stats(
     if isinstance(data, torch.Tensor):
         data = make_batches(check.token_ids(data, model).tolist(), batch_size)
     else:
-        check.batches(data, model)
+        data = check.batches(data, model)
     return collect_batches(model, data, k, compile=compile)
 
 
@@ -162,6 +161,6 @@ def calibrated_configs(configs: Sequence[sites.QuantConfig], model: nn.Module, t
     if wrong is not False:
         raise ConfigError(f"configs must be a list of QuantConfig (quantdiff.parse_config(...)), got a list holding {check.kind_of(wrong)}")
     check.quantdiff_model(model)
-    if bos_id is not None and (isinstance(bos_id, bool) or not isinstance(bos_id, int) or bos_id < 0):
+    if bos_id is not None and (as_int(bos_id) is None or bos_id < 0):
         raise ConfigError(f"bos_id must be a token id (an integer of at least 0) or None, got {bos_id!r}")
-    return transforms.calibrated_configs(configs, model, tokenizer, bos_id)
+    return transforms.calibrated_configs(configs, model, tokenizer, None if bos_id is None else as_int(bos_id))

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from quantdiff.core.errors import ConfigError, DataError
+from quantdiff.core.integers import as_int
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,8 +57,26 @@ def dtype(value: Any) -> torch.dtype | None:
 def positive_int(value: Any, parameter: str, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    number = as_int(value)
+    if number is None or number < 1:
         raise ConfigError(f"{parameter} must be a positive integer, got {value!r}")
+
+
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's, which place on real devices
+
+
+def device_map(value: Any) -> None:
+    """A device_map places the model only on devices `device` accepts (never meta): each device it names is
+    checked as `device` is; accelerate's strategies and its "disk" offload are accepted as they are."""
+    from quantdiff.core.device import resolve_device
+
+    if value is None or (isinstance(value, str) and value in DEVICE_MAP_STRATEGIES):
+        return
+    if isinstance(value, dict) and not value:
+        raise ConfigError("device_map is empty: it must place the model's modules")
+    for place in value.values() if isinstance(value, dict) else [value]:
+        if place != "disk":
+            resolve_device(f"cuda:{as_int(place)}" if as_int(place) is not None else place, "device_map")
 
 
 def flag(value: Any, parameter: str) -> None:
@@ -67,10 +86,10 @@ def flag(value: Any, parameter: str) -> None:
 
 def tile_size(value: Any) -> int | None:
     """None or 0: one tile (no tiling), as the CLI's --tile-size 0; else a positive integer."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 0):
+    if value is None or as_int(value) == 0:
         return None
     positive_int(value, "tile_size (None or 0 = one tile)")
-    return value
+    return as_int(value)
 
 
 def arguments(function: F) -> F:
@@ -107,26 +126,32 @@ def quantdiff_model(model: Any) -> nn.Module:
 
 
 def token_ids(data: torch.Tensor, model: nn.Module) -> torch.Tensor:
-    """Integer ids of shape (T,) or (B, T), non-empty, inside the model's vocabulary and positions; (B, T) out."""
+    """Integer ids of shape (T,) or (B, T), non-empty, with values (not on the meta device), inside the model's
+    vocabulary and positions; (B, T) int64 out, so every comparison is made in int64 (the vocabulary size in
+    int8 would wrap)."""
     if data.dtype == torch.bool or data.is_floating_point() or data.is_complex():
         raise DataError(f"data must hold integer token ids, got dtype {data.dtype}")
+    if data.device.type == "meta":
+        raise DataError("data is on the meta device, which holds shapes but no token ids: give ids on the CPU or the model's device")
+    data = data.to(torch.int64)
     if data.dim() not in (1, 2):
         raise DataError(f"data must be token ids of shape (T,) or (B, T), got shape {tuple(data.shape)}")
     rows = data.reshape(1, -1) if data.dim() == 1 else data
     if rows.numel() == 0:
         raise DataError(f"data holds no tokens (shape {tuple(data.shape)})")
+    from quantdiff.eval.bounds import check_positions
+
     config = model.config
-    vocab, positions = getattr(config, "vocab_size", None), getattr(config, "max_position_embeddings", None)
-    if isinstance(positions, int) and rows.shape[1] > positions:  # as `quantdiff stats` refuses a longer --seq-len
-        raise DataError(f"data sequences of {rows.shape[1]} tokens exceed the model's {positions} positions")
+    vocab = getattr(config, "vocab_size", None)
+    check_positions(rows.shape[1], config, "data sequences")  # as `quantdiff stats` refuses a longer --seq-len
     outside = (rows < 0) | (rows >= vocab) if isinstance(vocab, int) else rows < 0
     if bool(outside.any()):
         raise DataError(f"data holds token id {int(rows[outside][0])} outside the model's vocabulary (size {vocab})")
     return rows
 
 
-def batches(data: Any, model: nn.Module) -> None:
-    """A non-empty sequence of Batch objects whose ids and lengths fit the model."""
+def batches(data: Any, model: nn.Module) -> list:
+    """A non-empty sequence of Batch objects whose ids and lengths fit the model; returned with int64 ids."""
     from quantdiff.data.sources import Batch
 
     if isinstance(data, (str, bytes)) or not isinstance(data, Sequence) or not data:
@@ -134,7 +159,9 @@ def batches(data: Any, model: nn.Module) -> None:
     wrong = next((b for b in data if not isinstance(b, Batch)), None)
     if wrong is not None:
         raise DataError(f"data must be token ids (a tensor) or Batch objects, got a list holding {kind_of(wrong)}")
+    checked = []
     for batch in data:
         if batch.input_ids.dim() != 2 or batch.input_ids.numel() == 0:
             raise DataError(f"a Batch's input_ids must be (B, T) and non-empty, got shape {tuple(batch.input_ids.shape)}")
-        token_ids(batch.input_ids, model)
+        checked.append(Batch(token_ids(batch.input_ids, model), batch.attention_mask, batch.first_sequence))
+    return checked

@@ -334,7 +334,7 @@ CASES += [
     ("sweep-calibration-file-missing", ["sweep", "{src}", "--site", "linear", "--smooth", "0.5", "--calibration", "{tmp}/nope.txt"], None, None,
      "--calibration file not found"),
     ("sweep-calibration-is-the-evaluation-data", ["sweep", "{src}", "--task", "lm", "--site", "linear", "--smooth", "0.5", "--calibration", "builtin:corpus"],
-     None, None, "is the evaluation data of task lm"),
+     None, None, "builtin:corpus is evaluation data"),
     ("sweep-blocks-one", ["sweep", "{src}", "--task", "lm", "--blocks", "1"], None, None, "--blocks must be at least 2"),
     ("sweep-blocks-with-choice", ["sweep", "{src}", "--task", "choice", "--blocks", "4"], None, None, "with task lm or bb"),
     ("sweep-blocks-beyond-items", ["sweep", "{src}", "--task", "lm", "--limit", "2", "--blocks", "3", "--json", "{tmp}/s.json"], None, None,

@@ -213,8 +213,9 @@ def test_reproduce_reports_every_arm_on_the_bb_task(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     recipe = MICRO.replace("[analysis]", "") + "\n[analysis]\nstats_tokens = 128\nseq_len = 32\nbits = [8, 4]\n"
     (tmp_path / "micro.toml").write_text(recipe)
-    # One real model end to end (Gemma: test_real_model), at a small size: both methods and sites, fewer tokens.
-    small = real_model.RealModelPlan(stats_tokens=512, seq_len=128, windows=2, context=128, bits=(8,))
+    # One real model end to end (Gemma: test_real_model), at the smallest size that runs every step: the
+    # statistics, both methods at both sites, the weight-only rows; the figures themselves are test_real_model's.
+    small = real_model.RealModelPlan(stats_tokens=64, seq_len=32, windows=1, context=32, bits=(8,))
     monkeypatch.setattr(real_model, "run_real_model", functools.partial(real_model.run_real_model, plan=small))
     main(["reproduce", "micro.toml", "--out", "rep", "--real-model", "smollm2"])
     assert "report -> rep/report.md" in capsys.readouterr().out.replace("\\", "/")

@@ -40,6 +40,14 @@ def test_parse_rdata_decodes_each_block_and_na():
     assert corpus.parse_rdata(blob) == [["EMMA", "", "Chapter I", "café — naïve", ""], ["PERSUASION"]]
 
 
+def test_rdata_blocks_split_at_each_vector_and_any_block_alone_parses():
+    first, second = r_character_vector(["EMMA", "Chapter I"]), r_character_vector(["PERSUASION", None])
+    blocks = corpus.rdata_blocks(first + second)
+    assert [stored for stored, _ in blocks] == [first, second]
+    assert [data for _, data in blocks] == [zlib.decompress(b[4:]) for b in (first, second)]
+    assert corpus.parse_rdata(blocks[1][0]) == [["PERSUASION", ""]]
+
+
 def test_parse_rdata_rejects_other_formats():
     with pytest.raises(DataError):
         corpus.parse_rdata(struct.pack(">i", 4) + zlib.compress(b"RDA2\nnot xdr"))

@@ -77,6 +77,27 @@ def test_codes_that_fill_whole_bytes_unpack_as_the_bit_stream_says(bits):
     assert unpack_codes(packed, bits, (len(naive),)).tolist() == naive
 
 
+def _naive_bit_stream(codes: torch.Tensor, bits: int) -> list[int]:
+    """The layout's definition, one bit at a time: code + qmax, LSB first, little-endian bytes, zero-padded."""
+    stream = [(int(c) + 2 ** (bits - 1) - 1) >> b & 1 for c in codes.reshape(-1) for b in range(bits)]
+    stream += [0] * (-len(stream) % 8)
+    return [sum(bit << i for i, bit in enumerate(stream[j : j + 8])) for j in range(0, len(stream), 8)]
+
+
+@pytest.mark.parametrize("bits", range(2, 17))
+def test_packing_is_the_layouts_bit_stream_across_chunks(bits, monkeypatch):
+    """Every width against the definition, on codes that span several chunks (the chunk made small), the last
+    one partial, the extreme codes included."""
+    from quantdiff.quant import packing
+
+    monkeypatch.setattr(packing, "_CHUNK", 16)
+    q = 2 ** (bits - 1) - 1
+    codes = torch.cat([torch.tensor([-q, q, 0]), torch.randint(-q, q + 1, (54,), generator=torch.Generator().manual_seed(bits))])
+    packed = pack_codes(codes.view(3, 19), bits)
+    assert packed.tolist() == _naive_bit_stream(codes, bits)
+    assert torch.equal(unpack_codes(packed, bits, (3, 19)).long(), codes.view(3, 19))
+
+
 def test_four_bits_are_two_per_byte_low_nibble_first():
     packed = pack_codes(torch.tensor([-7, 7, 0, 1]), 4)  # stored as code + 7: 0, 14, 7, 8
     assert packed.tolist() == [0 | 14 << 4, 7 | 8 << 4]

@@ -1,11 +1,22 @@
-"""scripts/gpu_run.sh, the one command a lent GPU runs (issue 36), end to end on CPU at its --smoke size: what
+"""scripts/gpu_run.sh, the one command a lent GPU runs (issues 36, 46), end to end on CPU at its --smoke size: what
 comes back under $OUT, the sizing of the steps, the report, a second call that skips what the first finished,
-and bad input refused in one line."""
+and bad input refused in one line.
+
+The smoke run is the smallest that still runs every step of the script (issue 46: it cost ~197 s of one core
+before): 1-layer 32-wide arms for a few steps on one novel of the corpus, the real-model step on 1-layer stand-ins
+of SmolLM2 and Gemma 3 on 1 × 32 tokens, one repeat per timing, nothing compiled; and its second call skips the
+preflight too, so it costs a second instead of the preflight's imports. What it still proves: the script's
+control flow (preflight, caps, done-markers, resume by call, sizing from the probe, publishing after every step)
+and that each step's command runs with the arguments the GPU call gives it (recipe keys, benchmark flags, the
+real models' configs loading as transformers models on the quantdiff backend), with its output in the files that
+come back. Not what a GPU does: CUDA, the compiled statistics, the real sizes and their timings.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -19,7 +30,7 @@ from quantdiff.train.recipe import parse_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_run.sh"
-STEPS = {"cuda-tests", "bench-stats", "bench-quant", "bench-train", "probe", "train", "reproduce"}
+STEPS = {"cuda-tests", "bench-stats", "bench-real", "bench-quant", "bench-train", "probe", "train", "reproduce"}
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -32,7 +43,7 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(corpus.find_rdata() is None and not (REPO / ".whl" / "corpus").is_dir(),
                     reason="corpus not installed (python -m quantdiff.data.corpus --install)")
 def test_smoke_run_returns_its_results_and_a_second_call_skips_what_is_done(tmp_path):
-    recipe, out, work = REPO / "recipes" / "gpu.toml", tmp_path / "out", tmp_path / "work"  # all six arms
+    recipe, out, work = REPO / "recipes" / "gpu.toml", tmp_path / "out", tmp_path / "work"  # all its arms
     arms = parse_recipe(recipe.read_text(encoding="utf-8"), "gpu").arm_names
     result = _run("--smoke", "--recipe", str(recipe), "--out", str(out), "--work", str(work), cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -45,14 +56,18 @@ def test_smoke_run_returns_its_results_and_a_second_call_skips_what_is_done(tmp_
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["schema"], summary["mode"], summary["calls"], summary["report"]) == ("quantdiff.gpu_run", "smoke", 1, True)
     assert {s["name"]: s["status"] for s in summary["steps"]} == dict.fromkeys(STEPS, "ok")
-    assert summary["preflight"]["torch"] == torch.__version__ and summary["preflight"]["corpus"]
+    assert summary["preflight"]["torch"] == torch.__version__
+    assert Path(summary["preflight"]["corpus"]).resolve().is_relative_to((work / "corpus").resolve())  # the one-novel copy
     sizing = summary["sizing"]
-    assert sizing["step_s"] > 0 and 8 <= sizing["steps"] <= sizing["ceiling"] == 30
+    assert sizing["step_s"] > 0 and 4 <= sizing["steps"] <= sizing["ceiling"] == 8
     assert sorted(r["arm"] for r in summary["train"]) == sorted(arms)
     assert all(r["steps"] == sizing["steps"] and r["tokens"] == sizing["steps"] * 4 * 128 for r in summary["train"])
 
     bench = (out / "benchmarks.txt").read_text()
     assert "stats/eager" in bench and "fake-quant logits int8" in bench and "Diff / standard throughput" in bench
+    assert "# bench-real.log" in bench and "## 6. stats pass on the built-in models' architectures, stand-in weights" in bench
+    for model in ("smollm2", "gemma3"):  # each measured against both plain forwards
+        assert re.search(rf"^{model} \(1 layers, d\d+, vocab 300\): eager .* stats .* eager, .* sdpa$", bench, re.M)
     assert "Table 5" in (out / "report.md").read_text()
 
     with tarfile.open(out / "results.tar.gz") as archive:
@@ -70,8 +85,16 @@ def test_smoke_run_returns_its_results_and_a_second_call_skips_what_is_done(tmp_
     again = _run("--smoke", "--recipe", str(recipe), "--out", str(out), "--work", str(work), cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert all(f"== {step}: done in an earlier call, skipped" in again.stdout for step in STEPS)
+    assert "preflight:" not in again.stdout  # the same machine and wheels: its preflight stands
     summary = json.loads((out / "summary.json").read_text())
     assert summary["calls"] == 2 and [s["call"] for s in summary["steps"]] == [1] * len(STEPS)
+
+
+def test_the_real_architectures_are_the_built_in_models(smollm2_dir, gemma3_dir):
+    """The configs the real-model step builds its stand-ins from are those of the converted models, unchanged."""
+    for name, converted in (("smollm2", smollm2_dir), ("gemma3", gemma3_dir)):
+        committed = REPO / "benchmarks" / "real_configs" / name / "config.json"
+        assert json.loads(committed.read_text()) == json.loads((converted / "config.json").read_text())
 
 
 @pytest.mark.parametrize("args,message", [

@@ -212,7 +212,7 @@ def test_cli_kv_plan_then_eval_applies_it_and_refuses_another_shape(tmp_path, ca
     on_corpus.write_text(json.dumps({**data, "evidence": {**data["evidence"], "calibration": {"source": "builtin:corpus"}}}))
     with pytest.raises(SystemExit):
         main(["eval", "bb/standard", "--task", "lm", "--kv-plan", str(on_corpus), "--limit", "2"])
-    assert "is the evaluation data of task lm" in capsys.readouterr().err
+    assert "builtin:corpus is evaluation data" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "bb/diff", "--task", "bb", "--kv-plan", str(out), "--limit", "8", "--quiet"])
     assert exit_info.value.code == 1

@@ -1,5 +1,6 @@
 """The documentation's examples are tests: every Python block of README.md and docs/*.md runs as written, and
-every shell command that finishes in about 20 s runs too (slower ones are marked slow, the rest are skipped for
+every shell command that finishes in about 20 s runs too, each in a fresh process (forked from one that has
+already imported torch and transformers: tests/forked.py) (slower ones are marked slow, the rest are skipped for
 the reason listed here). Every relative link between the pages resolves, anchors included, every page is
 reachable from the README, and docs/cli.md is exactly what the commands' own help generates."""
 
@@ -8,13 +9,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from quantdiff.data import corpus
+from tests import forked
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -88,7 +88,7 @@ def test_readme_is_one_short_page_with_examples():
 
 @pytest.mark.parametrize("block", [pytest.param(code, id=f"{page}: {code.splitlines()[0][:40]}") for page, code in python_blocks()])
 def test_python_block_runs(block, tmp_path):
-    result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=_env(), capture_output=True, text=True)
+    result = forked.run(code=block, cwd=tmp_path, env=_env())
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -96,7 +96,7 @@ def test_python_block_runs(block, tmp_path):
 def test_shell_example_runs(command, tmp_path):
     argv = shlex.split(command)
     assert argv[0] == "quantdiff", f"no rule for running {command!r}: list it in SKIPPED"
-    result = subprocess.run([sys.executable, "-m", "quantdiff", *argv[1:]], cwd=tmp_path, env=_env(), capture_output=True, text=True)
+    result = forked.run(argv[1:], cwd=tmp_path, env=_env())
     assert result.returncode == 0, result.stderr[-3000:]
     outputs = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--json", "--plot", "--out") and argv[i + 1] != "-"]
     for output in outputs:  # every file or directory the example names was written

@@ -26,6 +26,7 @@ from quantdiff.report.real_model import binomial_error, real_models_markdown
 from quantdiff.stats.collect import collect_stats
 from quantdiff.stats.histogram import QUANTILE_RELATIVE_ERROR
 from quantdiff.stats.massive import massive_activation
+from tests.once import computed_once
 
 pytestmark = pytest.mark.slow
 
@@ -50,9 +51,10 @@ def real(smollm2_dir):
 
 
 @pytest.fixture(scope="module")
-def measured(real):
+def measured(real, tmp_path_factory):
+    """The real-model measurement, made once for the run whichever workers run the tests that read it."""
     model, tokenizer, path = real
-    return measure(model, tokenizer, "smollm2", str(path), PLAN)
+    return computed_once(tmp_path_factory, "smollm2-measured", lambda: measure(model, tokenizer, "smollm2", str(path), PLAN))
 
 
 @pytest.fixture(scope="module")

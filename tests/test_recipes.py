@@ -31,7 +31,9 @@ def test_shipped_recipes_parse():
     tiny, gpu = load_recipe("tiny"), load_recipe(REPO_RECIPES / "gpu.toml")
     assert tiny.name == "tiny" and gpu.name == "gpu"
     assert tiny.train.device == "cpu" and tiny.train.dtype == "float32"
-    assert gpu.train.dtype == "bf16" and gpu.train.device == "auto"
+    # The GPU recipe (issue 46): three arms in float32 (bf16 autocast slowed Diff V1), on the authors' init.
+    assert gpu.train.dtype == "float32" and gpu.train.device == "auto" and gpu.train.init == "authors"
+    assert gpu.arm_names == ("standard", "diff", "diffv2")
     assert gpu.train.tokens == gpu.train.steps * gpu.train.batch_size * gpu.train.seq_len
     assert gpu.model.hidden_size > tiny.model.hidden_size
     assert tiny.source == (REPO_RECIPES / "tiny.toml").read_text()

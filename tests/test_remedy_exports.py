@@ -75,7 +75,7 @@ def test_remedy_options_are_checked():
         make_transform("givens", None, None, None)
     with pytest.raises(ConfigError, match="--calibration does nothing without --smooth"):
         make_transform(None, None, "builtin:corpus-train", None)
-    with pytest.raises(ConfigError, match="evaluation data of task lm"):
+    with pytest.raises(ConfigError, match="builtin:corpus is evaluation data"):
         make_transform(None, 0.5, "builtin:corpus", None, task="lm")
     assert make_transform(None, 0.5, None, None, task="bb").calibration.source == "builtin:bigram-backcopy"
     assert make_transform(None, 0.5, None, 100, task="lm").calibration == Calibration("builtin:corpus-train", 100)

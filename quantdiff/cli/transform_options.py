@@ -18,8 +18,6 @@ SmoothOpt = Annotated[Optional[float], typer.Option("--smooth", help="SmoothQuan
 CalibrationOpt = Annotated[Optional[str], typer.Option("--calibration", help="Data for --smooth's activation maxima: a text or JSONL file, builtin:corpus-train (the corpus' training split) or builtin:bigram-backcopy (the Bigram-Backcopy generator's calibration seed stream); default: the latter for task bb, else the former. Never the evaluation data.")]
 CalibrationTokensOpt = Annotated[Optional[int], typer.Option("--calibration-tokens", help="Tokens of the calibration pass (default 16384).")]
 
-TEXT_TASKS_ON_HELD_OUT = ("lm", "choice", "retrieval")  # without --data they evaluate on builtin:corpus's held-out text
-
 
 def default_calibration(task: str | None) -> str:
     from quantdiff.data.sources import BUILTIN_BIGRAM_BACKCOPY, BUILTIN_CORPUS_TRAIN
@@ -46,22 +44,22 @@ def make_transform(
         refuse_unused("without --smooth", calibration=calibration, calibration_tokens=calibration_tokens)
         return parse_rotation(rotate)
     source = default_calibration(task) if calibration is None else calibration  # an empty one is refused below, as --data is
-    check_calibration_source(source, task, data)
+    check_calibration_source(source, data)
     tokens = DEFAULT_CALIBRATION_TOKENS if calibration_tokens is None else calibration_tokens
     if tokens < 1:
         raise ConfigError(f"--calibration-tokens must be positive, got {tokens}")
     return Smoothing(Calibration(source, tokens), smooth)
 
 
-def check_calibration_source(source: str, task: str | None, data: str | Path | None, flag: str = "--calibration", exists: bool = True) -> None:
-    """ConfigError when calibration data `source` is missing (unless not `exists`: a record of data already used)
-    or is what the command evaluates (`task`, `data`; None when it evaluates nothing)."""
-    from quantdiff.data.sources import BUILTIN_CORPUS, BUILTIN_CORPUS_TRAIN, BUILTINS, check_data_file
+def check_calibration_source(source: str, data: str | Path | None, flag: str = "--calibration", exists: bool = True) -> None:
+    """ConfigError when calibration data `source` is missing (unless not `exists`: a record of data already used),
+    is a builtin source of an evaluation split (for every command and task: `data.sources.BUILTIN_SPLITS`), or is
+    what the command evaluates (`data`; None when it evaluates no file)."""
+    from quantdiff.data.sources import BUILTINS, check_calibration_split, check_data_file
 
     if exists and source not in BUILTINS:
         check_data_file(source, flag)
-    if source == BUILTIN_CORPUS and task in TEXT_TASKS_ON_HELD_OUT and data is None:
-        raise ConfigError(f"{flag} {source} is the evaluation data of task {task}: calibrate on {BUILTIN_CORPUS_TRAIN} or a file")
+    check_calibration_split(source, flag)
     if data is not None and source not in BUILTINS and Path(source).resolve() == Path(data).resolve():
         raise ConfigError(f"{flag} names the evaluation data (--data): calibrate on other data")
 
@@ -69,7 +67,7 @@ def check_calibration_source(source: str, task: str | None, data: str | Path | N
 KVPlanOpt = Annotated[Optional[list[Path]], typer.Option("--kv-plan", help="Apply a KV-cache precision plan (a `quantdiff kv-plan` file: bits per layer and KV head, positions kept at 16 bits) at site kv; repeat for several (sweep). Refused for a model of another shape, or when its calibration data is the evaluation data.")]
 
 
-def load_kv_plans(paths: list[Path] | None, task: str | None, data: str | Path | None, granularity: str = "row") -> list:
+def load_kv_plans(paths: list[Path] | None, data: str | Path | None, granularity: str = "row") -> list:
     """Each --kv-plan file as a site-kv configuration at its budget and `granularity` (`registry`); ConfigError in
     one line for a bad file or a plan calibrated on the evaluation data."""
     from quantdiff.quant.kv_plan import KVPlan
@@ -80,8 +78,10 @@ def load_kv_plans(paths: list[Path] | None, task: str | None, data: str | Path |
     for path in paths or []:
         plan = KVPlan.load(path)
         source = plan.evidence.get("calibration", {}).get("source")
-        if source is not None:
-            check_calibration_source(source, task, data, flag=f"--kv-plan {path}: its calibration", exists=False)
+        if source is None:  # unchecked, it could be the evaluation data
+            raise ConfigError(f"--kv-plan {path} does not say what it was calibrated on (evidence.calibration.source): "
+                              "refusing it, since its calibration cannot be checked against the evaluation data")
+        check_calibration_source(source, data, flag=f"--kv-plan {path}: its calibration", exists=False)
         config = QuantConfig(AbsmaxMethod(plan.budget_bits, parse_granularity(granularity)), KVSite(plan))
         check_supported(config)
         configs.append(config)

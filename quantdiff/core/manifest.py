@@ -1,12 +1,16 @@
 """A directory's files as written: each file's size and sha256, recorded when a cache entry is made and checked
 before every use, so a changed, truncated, missing or added file (a flipped weight byte, a deleted
-tokenizer_config.json) makes the entry be rebuilt instead of being used as if it were what was written."""
+tokenizer_config.json) makes the entry be rebuilt instead of being used as if it were what was written.
+Ownership markers (`core.owned.MARKER`) are not content: they are rewritten as the directory is finished, after
+the manifest, and are left out on both sides (manifests written before recorded them)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
+
+from quantdiff.core.owned import MARKER
 
 MANIFEST = "quantdiff-manifest.json"
 CHUNK = 1 << 20
@@ -21,7 +25,7 @@ def file_sha256(path: Path) -> str:
 
 
 def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in (MANIFEST, MARKER))
 
 
 def write_manifest(directory: Path) -> None:
@@ -35,11 +39,19 @@ def matches_manifest(directory: Path) -> bool:
     return manifest_mismatch(directory) is None
 
 
+def recorded_files(directory: Path) -> dict:
+    """The manifest's {relative path: {size, sha256}}; OSError, ValueError, KeyError or TypeError if unreadable."""
+    recorded = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
+    if not isinstance(recorded, dict):
+        raise TypeError("files is not an object")
+    return recorded
+
+
 def manifest_mismatch(directory: Path) -> str | None:
     """None when `directory` holds exactly the files its manifest records, each of the recorded size and sha256
     (sizes first: a truncated file costs no hashing); else what differs first, naming the file."""
     try:
-        recorded = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
+        recorded = {name: entry for name, entry in recorded_files(directory).items() if Path(name).name != MARKER}
         files = {str(p.relative_to(directory)): p for p in _files(directory)}
         missing, added = sorted(set(recorded) - set(files)), sorted(set(files) - set(recorded))
         if missing or added:

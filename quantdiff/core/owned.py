@@ -3,7 +3,8 @@ file when the user passes `--force`, and nothing else — the same rule as for o
 
 Ours are JSON documents whose `"schema"` starts with `quantdiff.`, plots (PNG, PDF, SVG) whose own metadata
 names quantdiff as their creator (PNG tEXt chunk, PDF Info dictionary, SVG Dublin Core creator), and GGUF
-exports holding our key GGUF_KEY beside llama.cpp's.
+exports holding our key GGUF_KEY beside llama.cpp's. An output directory is ours file by file: its MARKER lists
+every entry quantdiff wrote there (`core.savedir`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ CREATOR = "quantdiff"
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 READ_LIMIT = 256 << 20  # larger files are not ours: quantdiff's JSON and plots are far smaller
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MARKER = ".quantdiff-output"  # an output directory's kind and the entries quantdiff wrote in it (core.savedir)
 GGUF_KEY = "quantdiff.quantization_config"  # a GGUF export's description of itself (llama.cpp ignores it)
 
 
@@ -57,9 +59,13 @@ def _json_schema(data: bytes) -> bool:
 def _gguf_has_key(path: Path) -> bool:
     import gguf
 
+    from quantdiff.core.errors import QuantdiffError
+    from quantdiff.models.gguf_header import check_header_counts
+
     try:
+        check_header_counts(path)  # a file gguf's reader would stall on is not one quantdiff wrote
         return gguf.GGUFReader(path).get_field(GGUF_KEY) is not None
-    except (ValueError, KeyError, IndexError, OSError):
+    except (ValueError, KeyError, IndexError, OSError, QuantdiffError):
         return False
 
 

@@ -54,17 +54,28 @@ def install(quiet: bool = False) -> Path:
     return install_corpus("janeaustenr", quiet) / RDATA
 
 
+def rdata_blocks(blob: bytes) -> list[tuple[bytes, bytes]]:
+    """The blocks of an R lazy-load database, each (its bytes as stored, its decompressed bytes): a big-endian
+    length, then a zlib stream. Any run of whole blocks is itself a database (`scripts/gpu_run.sh --smoke` reads
+    one novel so)."""
+    blocks, pos = [], 0
+    while pos < len(blob):
+        stream = zlib.decompressobj()
+        data = stream.decompress(blob[pos + 4 :])
+        end = len(blob) - len(stream.unused_data)
+        blocks.append((blob[pos:end], data))
+        pos = end
+    return blocks
+
+
 def parse_rdata(blob: bytes) -> list[list[str]]:
-    """Decode an R lazy-load database of character vectors: blocks of (big-endian length, zlib stream).
+    """Decode an R lazy-load database of character vectors (`rdata_blocks`).
 
     Each block is one R-serialised STRSXP: header "X\\n", three int32 versions, the native encoding, then
     int32 type 16, int32 length and per element int32 flags (low byte 9 = CHARSXP) + int32 byte length.
     """
-    vectors, pos = [], 0
-    while pos < len(blob):
-        stream = zlib.decompressobj()
-        data = stream.decompress(blob[pos + 4 :])
-        pos = len(blob) - len(stream.unused_data)
+    vectors = []
+    for _, data in rdata_blocks(blob):
         if data[:2] != b"X\n":
             raise DataError("corpus file is not in R's XDR serialisation format")
         (encoding_len,) = struct.unpack_from(">i", data, 14)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import random
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from quantdiff.core.errors import DataError
+from quantdiff.core.errors import ConfigError, DataError
 from quantdiff.core.memory import check_fits
 
 BUILTIN_CORPUS = "builtin:corpus"
@@ -36,6 +37,11 @@ BUILTINS = (BUILTIN_CORPUS, BUILTIN_RETRIEVAL, BUILTIN_CORPUS_TRAIN, BUILTIN_BIG
 # Which tokenizer each builtin source's ids belong to: None = text, tokenized by the model's own tokenizer; else
 # the source's ids are of that tokenizer only, and would mean something else to any other model.
 BUILTIN_TOKENIZERS = {BUILTIN_CORPUS: None, BUILTIN_RETRIEVAL: None, BUILTIN_CORPUS_TRAIN: None, BUILTIN_BIGRAM_BACKCOPY: "bigram-backcopy"}
+# The split each builtin source is drawn from. "evaluation": what a task evaluates (builtin:corpus is the corpus'
+# held-out split, builtin:retrieval the retrieval task's needle documents built from it), so never calibration
+# data, for any command; "train" and "calibration" are disjoint from every task's evaluation data.
+EVALUATION_SPLIT = "evaluation"
+BUILTIN_SPLITS = {BUILTIN_CORPUS: EVALUATION_SPLIT, BUILTIN_RETRIEVAL: EVALUATION_SPLIT, BUILTIN_CORPUS_TRAIN: "train", BUILTIN_BIGRAM_BACKCOPY: "calibration"}
 TEXT_CHUNK_CHARS = 1 << 20  # tokenize long texts piecewise, stopping once the budget is reached
 RETRIEVAL_NEEDLES = 4
 RETRIEVAL_SEED = 0
@@ -71,9 +77,7 @@ def load_sequences(
     one tokenizer (`BUILTIN_TOKENIZERS`). Raises DataError on bad input.
     """
     check_builtin_tokenizer(source, tokenizer)
-    if tokens < 1:
-        raise DataError(f"--tokens must be positive, got {tokens}")
-    check_fits(tokens * BATCH_BYTES_PER_TOKEN, f"--tokens {tokens:,}")  # every batch is held until the run ends
+    check_token_budget(tokens, "--tokens")
     if seq_len < 1:
         raise DataError(f"--seq-len must be positive, got {seq_len}")
     prefix = [] if bos_id is None else [bos_id]
@@ -95,6 +99,21 @@ def load_sequences(
         if bad:
             raise DataError(f"{source}: sequence {i} holds token id {bad[0]} outside the model's vocabulary (size {vocab_size})")
     return out
+
+
+def check_token_budget(tokens: int, flag: str) -> None:
+    """DataError unless `tokens` (what `flag` asked for) is positive and its batches fit the machine's memory:
+    every batch is held until the run ends."""
+    if tokens < 1:
+        raise DataError(f"{flag} must be positive, got {tokens}")
+    check_fits(tokens * BATCH_BYTES_PER_TOKEN, f"{flag} {tokens:,}")
+
+
+def check_calibration_split(source: str, flag: str = "--calibration") -> None:
+    """ConfigError when `source` is a builtin source of an evaluation split (`BUILTIN_SPLITS`)."""
+    if BUILTIN_SPLITS.get(source) == EVALUATION_SPLIT:
+        calibration = ", ".join(name for name, split in BUILTIN_SPLITS.items() if split != EVALUATION_SPLIT)
+        raise ConfigError(f"{flag} {source} is evaluation data (its split is {EVALUATION_SPLIT!r}): calibrate on {calibration} or a file")
 
 
 def check_builtin_tokenizer(source: str, tokenizer) -> None:
@@ -147,11 +166,15 @@ def check_data_file(path: str | Path, flag: str = "--data") -> None:
     if not str(path).strip():
         raise DataError(f"{flag} is empty: name a data file")
     path = Path(path)
-    if not path.exists():
-        raise DataError(f"{flag} file not found: {path}")
-    if path.is_dir():
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise DataError(f"{flag} file not found: {path}") from None
+    except OSError as exc:  # a name too long, a symlink loop, no permission
+        raise DataError(f"{flag} {str(path)[:80]}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
         raise DataError(f"{flag} is a directory, not a file: {path}")
-    if not path.is_file():
+    if not stat.S_ISREG(mode):
         raise DataError(f"{flag} is not a regular file: {path}")
 
 

@@ -35,12 +35,19 @@ def task_length(task: Any) -> int | None:
     return None
 
 
-def check_sequence_fits(length: int, config: Any, batch: int, what: str, device: torch.device | str = "cpu") -> None:
-    """DataError if sequences of `length` tokens exceed the model's positions; ConfigError if a forward pass over
-    `batch` of them cannot fit the memory of `device`."""
+def check_positions(length: int, config: Any, what: str) -> int:
+    """`length` if sequences of that many tokens fit the model's positions, else DataError: the one position
+    check of every command and API function (never a silent cut to the positions)."""
     positions = getattr(config, "max_position_embeddings", None)
     if isinstance(positions, int) and length > positions:
         raise DataError(f"{what} of {length:,} tokens exceeds the model's {positions:,} positions: use at most {positions:,}")
+    return length
+
+
+def check_sequence_fits(length: int, config: Any, batch: int, what: str, device: torch.device | str = "cpu") -> None:
+    """DataError if sequences of `length` tokens exceed the model's positions; ConfigError if a forward pass over
+    `batch` of them cannot fit the memory of `device`."""
+    check_positions(length, config, what)
     vocab = getattr(config, "vocab_size", None) or 1
     heads = getattr(config, "num_attention_heads", None) or 1
     check_fits(forward_bytes(batch, length, vocab, heads), f"{what} of {length:,} tokens (batches of {batch})", device)

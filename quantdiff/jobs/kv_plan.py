@@ -20,7 +20,7 @@ class PlanRequest:
     out: Path
     calibration: str
     calibration_tokens: int
-    seq_len: int
+    seq_len: int | None  # None: 256, or the model's positions if fewer
     keep_first: int = 1
     step: int = 1
     bos: str = "auto"
@@ -44,7 +44,7 @@ def check_request(request: PlanRequest) -> None:
     if request.out.exists() and not request.single and not request.out.is_dir():
         raise ConfigError(f"--out {request.out} exists and is not a directory")
     for flag, value in (("--calibration-tokens", request.calibration_tokens), ("--seq-len", request.seq_len), ("--keep-first", request.keep_first), ("--step", request.step)):
-        if value < 1:
+        if value is not None and value < 1:
             raise ConfigError(f"{flag} must be positive, got {value}")
 
 
@@ -58,15 +58,21 @@ def run(request: PlanRequest) -> list[tuple[Path, KVPlan | None, str | None]]:
     from quantdiff.models.bos import check_mode, decide_bos
     from quantdiff.models.inputs import model_inputs
     from quantdiff.models.loading import load_tokenizer
-    from quantdiff.models.names import resolve_models
+    from quantdiff.eval.bounds import check_positions
+    from quantdiff.models.loading import load_config
+    from quantdiff.models.names import check_one_model, resolve_models
     from quantdiff.quant.checkpoint import load
     from quantdiff.quant.smoothing import Calibration
 
     check_request(request)
     check_mode(request.bos)
-    check_calibration_source(request.calibration, "lm", None)  # builtin:corpus is what the text tasks evaluate
+    check_calibration_source(request.calibration, None)
     target = resolve_device(request.device, "--device")
-    [(name, path)] = resolve_models([request.model])
+    resolved = resolve_models([request.model])
+    check_one_model(request.model, [path for _, path in resolved], "MODEL")
+    [(name, path)] = resolved
+    if request.seq_len is not None:  # before any work, as every command checks its positions
+        check_positions(request.seq_len, load_config(path, request.trust_remote_code), "--seq-len")
     calibration_inputs = [] if request.calibration.startswith("builtin:") else [request.calibration]
     check_outputs({"--out": request.out, "--json": request.json_path}, model_inputs([request.model], [path]) + calibration_inputs)
     tokenizer = load_tokenizer(path)

@@ -121,13 +121,9 @@ def fitted(plan: RealModelPlan, model: nn.Module) -> RealModelPlan:
 def resolve_one(target: str) -> Path:
     """The directory of the one model `target` names; a name standing for several ('tiny', a pair directory) is
     one ConfigError line, since the section measures a model per name."""
-    from quantdiff.core.errors import ConfigError
-    from quantdiff.models.names import resolve
+    from quantdiff.models.names import check_one_model, resolve
 
-    paths = resolve(target)
-    if len(paths) != 1:
-        raise ConfigError(f"--real-model {target!r} names {len(paths)} models ({', '.join(p.name for p in paths)}); name one of them, e.g. {target.rstrip('/')}/{paths[0].name}")
-    return paths[0]
+    return check_one_model(target, resolve(target), "--real-model")
 
 
 def read_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -14,9 +14,10 @@ import quantdiff.attention.backend as attention
 from quantdiff.data.sources import BUILTIN_CORPUS, BUILTINS, Batch, check_data_file, shard
 from quantdiff.core.atomic import STDOUT, writable_target
 from quantdiff.core.outputs import check_outputs
-from quantdiff.core.errors import ConfigError, DataError
+from quantdiff.core.errors import ConfigError
 from quantdiff.core.device import resolve_device
 from quantdiff.core.memory import check_fits
+from quantdiff.eval.bounds import check_positions
 from quantdiff.core.progress import rate_column, task_bars
 from quantdiff.models.bos import BosChoice, check_mode, decide_bos
 from quantdiff.stats.collect import DEFAULT_K, collect
@@ -90,8 +91,7 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
         check_fits(ModelStats.topk_bytes(layers, heads, options.k), f"--top-k {options.k:,} for {name}", device)
         positions = getattr(config, "max_position_embeddings", None) or DEFAULT_SEQ_LEN
         seq_len = options.seq_len or min(DEFAULT_SEQ_LEN, positions)
-        if seq_len > positions:
-            raise DataError(f"--seq-len {seq_len} exceeds the {positions} positions of {path}")
+        check_positions(seq_len, config, f"--seq-len of {path}")
         tokenizer, tokenize, bos = None, None, BosChoice(None, None, options.bos, "input_ids records used as given")
         if not _pretokenized(options.data):
             tokenizer = load_tokenizer(path)

@@ -25,12 +25,22 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 HUB_FILES = ["*.safetensors", "*.safetensors.index.json", "*.json", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]
 
 
+def check_path_length(path: Path) -> None:
+    """LoadError for a name with a part no file name can be (a file system says only 'File name too long')."""
+    from quantdiff.core.atomic import MAX_NAME_BYTES
+
+    part = next((part for part in path.parts if len(os.fsencode(part)) > MAX_NAME_BYTES), None)
+    if part is not None:
+        raise LoadError(f"no model {str(path)[:40]!r}...: a part of that name is {len(os.fsencode(part))} bytes, longer than any file name ({MAX_NAME_BYTES})")
+
+
 def resolve(name_or_path: str | Path, revision: str | None = None) -> list[Path]:
     """'tiny' → [standard, diff] directories (a built-in name → all its models); 'tiny/diff' → that one; a
     directory `quantdiff pair` wrote → its models; an existing directory → itself; a GGUF file, 'smollm2' or 'gemma3' → its dequantized directory in the user cache;
     'org/name' (or 'org/name@revision') → its snapshot directory in the Hugging Face cache. `revision` is for hub
     ids only."""
     path = Path(name_or_path)
+    check_path_length(path)
     name, _, kind = str(name_or_path).partition("/")
     if revision is not None and (path.exists() or name in BUILT_IN or str(name_or_path) in WHEEL_MODELS):
         raise LoadError(f"--revision applies to hub ids only, and {str(name_or_path)!r} is a local path or a built-in model")
@@ -96,6 +106,15 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=HUB_FILES))
     except (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled, OSError, ValueError) as exc:
         raise LoadError(f"{where}: no such local directory, not in the hub cache {cache} and not downloadable ({type(exc).__name__})") from None
+
+
+def check_one_model(target: str | Path, paths: list[Path], flag: str) -> Path:
+    """The one directory of `paths` (what `target` resolved to); a name standing for several ('tiny', a pair
+    directory) is one ConfigError line naming its members, where a command or function measures one model."""
+    if len(paths) != 1:
+        members = ", ".join(p.name for p in paths)
+        raise ConfigError(f"{flag} {str(target)!r} names {len(paths)} models ({members}); name one of them, e.g. {str(target).rstrip('/')}/{paths[0].name}")
+    return paths[0]
 
 
 def resolve_models(specs: Sequence[str], revision: str | None = None) -> list[tuple[str, Path]]:

@@ -7,7 +7,7 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -22,7 +22,7 @@ from quantdiff.models.loading import PICKLE_SUFFIXES, load
 from quantdiff.models.source import model_source
 from quantdiff.quant.checkpoint import load as load_checkpoint, quantization_format
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport
-from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, ExportFormat, Tensors, check_attention_recordable
+from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, Bnb4bitExport, ExportFormat, Tensors, check_attention_recordable
 from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets
 from quantdiff.quant.transforms import Transform, check_exportable, export_transform
@@ -82,6 +82,9 @@ def export_quantized(
     targets = linear_targets(model, LinearSite(include_lm_head=include_lm_head), allow_partial)
     if not targets:
         raise ConfigError(f"no nn.Linear layer to quantize in {source}")
+    if isinstance(fmt, Bnb4bitExport):
+        for fqn, module in targets:
+            fmt.check_width(fqn, module.weight)
     tied = _tied_to_other(model, targets)
     if tied:
         raise ConfigError(f"{tied} shares its weight with another tensor (tied embeddings): it cannot be quantized alone")
@@ -135,11 +138,12 @@ def export_quantized(
     return ExportSummary(out, section, sorted(chosen), skipped, source_bytes, out_bytes, quantized_bytes, bf16_bytes)
 
 
-def check_reloads(out: Path, read_back: Callable[[], object]) -> None:
+def check_reloads(out: Path, read_back: Callable[[], Any]) -> Any:
     """Run `read_back` on the finished export before it is put in place, as `quantdiff.load` reads it: an export
-    that exits 0 reloads (every format), and one that would not is one line, with nothing written."""
+    that exits 0 reloads (every format), and one that would not is one line, with nothing written. Returns what
+    `read_back` read, for further checks."""
     try:
-        read_back()
+        return read_back()
     except Exception as exc:  # whatever the reader raises, the export is unreadable: that is the one message
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise LoadError(f"export check failed: {out} would not load back ({reason}); nothing was written") from None

@@ -43,6 +43,7 @@ from quantdiff.quant.registry import EXPORT_FORMATS, EXPORT_METHODS, check_name,
 WEIGHTS_NAME = "model.safetensors"
 ABSMAX_EXPORT_BITS = (*range(2, 9), MAX_BITS)  # 16: a near-lossless check of the pipeline
 BNB_4BIT_BLOCKSIZE = 64  # bitsandbytes' Linear4bit default
+BNB_CPU_BLOCK_N = 32  # output rows bitsandbytes' CPU 4-bit kernel packs together (functional._convert_weight_packed_for_cpu)
 
 Tensors = dict[str, torch.Tensor]
 
@@ -144,6 +145,14 @@ class Bnb4bitExport:
     def describe(self) -> dict:
         return {"method": self.name, "bits": self.bits, "granularity": f"blockwise-{BNB_4BIT_BLOCKSIZE}"}
 
+    def check_width(self, fqn: str, weight: torch.Tensor) -> None:
+        """ConfigError for a layer bitsandbytes' CPU kernel cannot run: on CPUs with AVX512-BF16, Linear4bit's
+        forward repacks the weight in blocks of BNB_CPU_BLOCK_N output rows and asserts they divide the rows."""
+        if weight.shape[0] % BNB_CPU_BLOCK_N:
+            raise ConfigError(f"--method {self.name}: {fqn} has {weight.shape[0]} outputs, not a multiple of {BNB_CPU_BLOCK_N}, "
+                              "so transformers with bitsandbytes could not run the export on a CPU (its kernel packs "
+                              f"{BNB_CPU_BLOCK_N} rows at a time): use --method absmax or llm-int8 for this model")
+
     def hf_config(self, skipped: list[str], dtype: torch.dtype) -> dict:
         from transformers import BitsAndBytesConfig
 
@@ -164,6 +173,8 @@ def parse_export(
     check_name(format, EXPORT_FORMATS, "export format")
     check_name(method, EXPORT_METHODS, "export method")
     bits = parse_bit_width(bits)
+    if threshold != LLM_INT8_THRESHOLD and (method != "llm-int8" or format != "quantdiff"):
+        raise ConfigError(f"threshold is an llm-int8 export setting: --method {method} --format {format} would ignore threshold={threshold!r}")
     if format != "quantdiff" and method != "absmax":
         raise ConfigError(f"--method {method} is a layout of --format quantdiff; --format {format} has its own")
     if format == "compressed-tensors":

@@ -26,11 +26,12 @@ from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.outputs import check_outputs
 from quantdiff.core.owned import GGUF_KEY, check_replaceable
 from quantdiff.models.gguf_model import read_gguf
-from quantdiff.models.loading import load
-from quantdiff.models.names import resolve
+from quantdiff.models.loading import load, load_config
+from quantdiff.models.names import check_one_model, resolve
 from quantdiff.models.wheels import WHEEL_MODELS, wheel_file
 from quantdiff.models.source import model_source
 from quantdiff.quant.export import ExportSummary, _plain_tensors, _tied_to_other, check_reloads, refuse_nonfinite
+from quantdiff.quant.gguf_config import check_held, check_reloaded
 from quantdiff.quant.gguf_format import UNQUANTIZED_BITS, GGUFExport
 from quantdiff.quant.gguf_tokenizer import add_bpe_tokenizer, check_bpe_tokenizer
 from quantdiff.quant.sites import LinearSite, linear_targets
@@ -95,14 +96,13 @@ def export_gguf(
     `quantdiff.load` takes (a GGUF source gives its own tokenizer fields); `revision` for a hub id. `transform`:
     SmoothQuant smoothing folded into the norms and weights first (a rotation is refused: llama.cpp would not
     rotate the inputs), recorded in the file's quantdiff section."""
-    paths = resolve(model, revision)
-    if len(paths) != 1:
-        raise LoadError(f"{str(model)!r} names {len(paths)} models; quantize one at a time")
-    source, gguf_source, out = paths[0], source_gguf_file(model), Path(out)
+    source, gguf_source, out = check_one_model(model, resolve(model, revision), "MODEL"), source_gguf_file(model), Path(out)
     _check_out(out, force, [source, *([gguf_source] if gguf_source else [])])
     check_exportable(transform, own_format=False)
     config = json.loads((source / "config.json").read_text())
     arch = gguf_architecture(config, source)
+    source_config = load_config(source)
+    check_held(source_config, source, arch.name)
     if gguf_source is None:  # a tokenizer the file cannot hold is refused before the (slow) load
         check_bpe_tokenizer(source)
     network = load(source, device="cpu")
@@ -130,7 +130,9 @@ def export_gguf(
             _write(tmp, arch, config, source, gguf_source, fmt, tensors, section)
             _verify(tmp, tensors)
         del tensors
-        check_reloads(out, lambda: read_gguf(tmp, out))  # as `quantdiff.load` converts it: model and tokenizer
+        reloaded, _, _ = check_reloads(out, lambda: read_gguf(tmp, out))  # as `quantdiff.load` converts it: model and tokenizer
+        check_reloaded(source_config, reloaded.config, out)
+        del reloaded
     source_bytes = gguf_source.stat().st_size if gguf_source else sum(f.stat().st_size for f in source.glob("*.safetensors"))
     return ExportSummary(out, section, sorted(chosen), skipped, source_bytes, out.stat().st_size, quantized_bytes, bf16_bytes)
 

@@ -38,7 +38,6 @@ is the average per element). Scales are not counted.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from torch import nn
 import quantdiff.attention.backend as attention
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import structure
+from quantdiff.quant.kv_plan_schema import MAX_POSITION, QUANTIZER, check_plan_document, read_plan_json
 from quantdiff.quant.numerics import PerColumn, PerRow, absmax, check_bits, fake_quantize_with_absmax, rowwise_absmax_quantize
 from quantdiff.stats.sinks import SINK_EPSILON
 
@@ -87,6 +87,10 @@ class KVPlan:
         if self.policy not in POLICIES:
             raise ConfigError(f"kv plan: unknown policy {self.policy!r} (choose from {', '.join(POLICIES)})")
         check_bits(self.budget_bits)
+        if not isinstance(self.model, dict) or not isinstance(self.model.get("kv_heads"), list):
+            raise ConfigError(f"kv plan: model must be a dict with a 'kv_heads' list (model_shape), got {self.model!r:.60}")
+        if not isinstance(self.layers, tuple) or not all(isinstance(layer, LayerPlan) for layer in self.layers):
+            raise ConfigError("kv plan: layers must be a tuple of LayerPlan")
         if len(self.layers) != self.model.get("layers"):
             raise ConfigError(f"kv plan: {len(self.layers)} layer entries for a model of {self.model.get('layers')} layers")
         for index, (layer, heads) in enumerate(zip(self.layers, self.model["kv_heads"])):
@@ -94,8 +98,8 @@ class KVPlan:
                 raise ConfigError(f"kv plan: layer {index} gives bits for {len(layer.kv_bits)} KV heads, the model has {heads}")
             for bits in layer.kv_bits:
                 check_bits(bits)
-            if any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in layer.keep_positions):
-                raise ConfigError(f"kv plan: layer {index}: kept positions must be non-negative integers")
+            if any(isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= MAX_POSITION for p in layer.keep_positions):
+                raise ConfigError(f"kv plan: layer {index}: kept positions must be integers from 0 to {MAX_POSITION}")
 
     def expected_bits(self, seq_len: int) -> float:
         """Average bits per cached element of one sequence of `seq_len` tokens (kept positions at 16)."""
@@ -119,7 +123,7 @@ class KVPlan:
             "version": PLAN_VERSION,
             "policy": self.policy,
             "budget_bits": self.budget_bits,
-            "quantizer": {"method": "absmax", "scales": "the run's granularity: row (per token and KV head) or tensor (KIVI)", "full_bits": FULL_BITS},
+            "quantizer": dict(QUANTIZER),
             "model": self.model,
             "layers": [{"layer": i, "kv_bits": list(l.kv_bits), "keep_positions": list(l.keep_positions)} for i, l in enumerate(self.layers)],
             "evidence": self.evidence,
@@ -127,32 +131,15 @@ class KVPlan:
 
     @classmethod
     def from_dict(cls, data: object) -> KVPlan:
-        if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
-            raise ConfigError(f"not a KV plan: expected \"schema\": \"{PLAN_SCHEMA}\"")
-        if data.get("version") != PLAN_VERSION:
-            raise ConfigError(f"KV plan version {data.get('version')!r} is not supported (this quantdiff reads version {PLAN_VERSION})")
-        try:
-            model = data["model"]
-            if not isinstance(model, dict) or not isinstance(model.get("kv_heads"), list):
-                raise ConfigError("kv plan: 'model' must be an object with a 'kv_heads' list")
-            layers = tuple(LayerPlan(tuple(l["kv_bits"]), tuple(l.get("keep_positions", ()))) for l in data["layers"])
-            return cls(data["policy"], data["budget_bits"], model, layers, data.get("evidence", {}))
-        except (KeyError, TypeError) as exc:
-            raise ConfigError(f"kv plan: missing or malformed field {exc}") from None
+        """A plan document, checked against its schema as a whole first (`kv_plan_schema`)."""
+        check_plan_document(data)
+        model = data["model"]
+        layers = tuple(LayerPlan(tuple(int(b) for b in l["kv_bits"]), tuple(int(p) for p in l.get("keep_positions", ()))) for l in data["layers"])
+        return cls(data["policy"], int(data["budget_bits"]), model, layers, data["evidence"])
 
     @classmethod
     def load(cls, path: str | Path) -> KVPlan:
-        try:
-            text = Path(path).read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"kv plan file not found: {path}") from None
-        except IsADirectoryError:
-            raise ConfigError(f"kv plan: {path} is a directory, not a plan file") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"kv plan {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_plan_json(path))
 
 
 def model_shape(config) -> dict:
@@ -305,7 +292,7 @@ def calibrate_kv(model: nn.Module, tokenizer, calibration, bos_id: int | None = 
     from quantdiff.stats.massive import MIN_MAGNITUDE, MIN_RATIO
 
     config = model.config
-    seq_len = min(calibration.seq_len, getattr(config, "max_position_embeddings", None) or calibration.seq_len)
+    seq_len = calibration.length(config)
     tokenize = None if tokenizer is None else (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
     sequences = load_sequences(calibration.source, tokenize, calibration.tokens, seq_len, config.vocab_size, bos_id, tokenizer)
     batches = make_batches(sequences, batch_size, getattr(config, "pad_token_id", None) or 0)

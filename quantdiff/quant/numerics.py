@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from quantdiff.core.errors import ConfigError
+from quantdiff.core.integers import as_int
 
 MIN_BITS, MAX_BITS = 2, 16
 # LLM.int8's outlier magnitude (Dettmers et al. 2022, bitsandbytes' default): |x| ≥ 6 marks an outlier feature.
@@ -41,11 +42,13 @@ Granularity = PerTensor | PerRow | PerColumn
 
 
 def check_bits(bits: object) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, int):
+    """`bits` as a Python int (any integer: `core.integers`), from MIN_BITS to MAX_BITS."""
+    value = as_int(bits)
+    if value is None:
         raise ConfigError(f"bits must be an integer from {MIN_BITS} to {MAX_BITS}, got {bits!r}")
-    if not MIN_BITS <= bits <= MAX_BITS:
-        raise ConfigError(f"bits must be from {MIN_BITS} to {MAX_BITS}, got {bits}")
-    return bits
+    if not MIN_BITS <= value <= MAX_BITS:
+        raise ConfigError(f"bits must be from {MIN_BITS} to {MAX_BITS}, got {value}")
+    return value
 
 
 def qmax(bits: int) -> int:
@@ -159,9 +162,10 @@ def absmax_quantize(
 
 
 def check_group_size(group_size: object) -> int:
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    value = as_int(group_size)
+    if value is None or value < 1:
         raise ConfigError(f"group size must be a positive integer, got {group_size!r}")
-    return group_size
+    return value
 
 
 def groupwise_absmax_quantize(x: torch.Tensor, bits: int, group_size: int) -> QuantResult:

@@ -13,8 +13,6 @@ import torch
 
 from quantdiff.quant.numerics import code_dtype, qmax
 
-_BYTE_WEIGHTS = 1 << torch.arange(8, dtype=torch.int32)  # bit i of a byte has value 2^i
-
 
 def packed_size(numel: int, bits: int) -> int:
     """Bytes that `numel` codes of `bits` bits take."""
@@ -32,10 +30,14 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _pack_chunk(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    unsigned = codes.to(torch.int32) + qmax(bits)  # (N,) in [0, 2^bits − 2]
-    stream = ((unsigned[:, None] >> torch.arange(bits, dtype=torch.int32, device=codes.device)) & 1).reshape(-1)  # (N·bits,) LSB first
-    stream = torch.nn.functional.pad(stream, (0, packed_size(codes.numel(), bits) * 8 - stream.numel()))
-    return (stream.view(-1, 8) * _BYTE_WEIGHTS.to(codes.device)).sum(dim=1).to(torch.uint8)  # (bytes,)
+    unsigned = codes.to(torch.int64) + qmax(bits)  # (N,) in [0, 2^bits − 2]
+    groups = torch.nn.functional.pad(unsigned, (0, -unsigned.numel() % 8)).view(-1, 8)  # zero codes pad: zero bits
+    words = torch.zeros(groups.shape[0], 2, dtype=torch.int64, device=codes.device)  # 8 codes: 8·bits ≤ 128 bits
+    for i in range(8):
+        for word, shift in _placements(i * bits, bits):  # bits shifted past bit 63 fall off, as they should
+            words[:, word] |= groups[:, i] << shift if shift >= 0 else groups[:, i] >> -shift
+    stream = words.view(torch.uint8).view(-1, 16)[:, :bits].reshape(-1)  # each group's `bits` bytes, little-endian
+    return stream[: packed_size(codes.numel(), bits)]
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
@@ -46,15 +48,36 @@ def unpack_codes(packed: torch.Tensor, bits: int, shape: tuple[int, ...] | torch
     flat = packed.reshape(-1)
     step = _CHUNK * bits // 8  # bytes per chunk of _CHUNK codes
     chunks = [_unpack_chunk(flat[i : i + step], bits) for i in range(0, flat.numel(), step)]
-    codes = torch.cat(chunks)[:numel] if chunks else torch.zeros(0, dtype=torch.int32, device=packed.device)
+    codes = torch.cat(chunks)[:numel] if chunks else torch.zeros(0, dtype=torch.int64, device=packed.device)
     return (codes - qmax(bits)).to(code_dtype(bits)).reshape(shape)
 
 
 def _unpack_chunk(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    if 8 % bits == 0:  # whole codes in every byte (2 or 4 bits): shift and mask, no bit stream (a KV cache's every read)
-        shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=packed.device)
-        return ((packed.to(torch.int32)[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)
-    stream = ((packed.to(torch.int32)[:, None] >> torch.arange(8, dtype=torch.int32, device=packed.device)) & 1).reshape(-1)
-    whole = stream.numel() // bits
-    values = stream[: whole * bits].view(whole, bits)  # (N, bits) LSB first; the tail is padding
-    return (values << torch.arange(bits, dtype=torch.int32, device=packed.device)).sum(dim=1)  # unsigned codes
+    if 8 % bits == 0:  # whole codes in every byte (2, 4, 8 bits): shift and mask (a KV cache's every read)
+        shifts = torch.arange(0, 8, bits, dtype=torch.int64, device=packed.device)
+        return ((packed.to(torch.int64)[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)
+    count = packed.numel() * 8 // bits  # whole codes; the tail is padding
+    groups = -(-count // 8)
+    stream = torch.nn.functional.pad(packed, (0, groups * bits - packed.numel())).view(groups, bits)
+    words = torch.nn.functional.pad(stream, (0, 16 - bits)).contiguous().view(torch.int64)  # (groups, 2)
+    codes = torch.zeros(groups, 8, dtype=torch.int64, device=packed.device)
+    for i in range(8):
+        for word, shift in _placements(i * bits, bits):
+            if shift < 0:
+                codes[:, i] |= words[:, word] << -shift
+            elif shift == 0:
+                codes[:, i] |= words[:, word]
+            else:  # >> is arithmetic on int64: keep only the 64 − shift bits that came from the word
+                codes[:, i] |= (words[:, word] >> shift) & ((1 << (64 - shift)) - 1)
+    return (codes & ((1 << bits) - 1)).reshape(-1)[:count]
+
+
+def _placements(offset: int, bits: int) -> list[tuple[int, int]]:
+    """Where a code starting at bit `offset` of a two-word group lies: (word, left shift into it; negative for a
+    right shift), one entry per word it touches. Eight codes of ≤ 16 bits fill at most the two 64-bit words;
+    shifting whole words is one tensor operation per code slot instead of one per bit, on any device."""
+    word, start = divmod(offset, 64)
+    placements = [(word, start)]
+    if start + bits > 64:  # the code straddles the words: its high bits open the next one
+        placements.append((word + 1, start - 64))
+    return placements

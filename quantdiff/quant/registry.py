@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from quantdiff.core.errors import ConfigError
+from quantdiff.core.integers import as_int
 from quantdiff.quant.numerics import Granularity, PerColumn, PerRow, PerTensor, check_bits
 
 METHOD_NAMES = ("absmax", "llm-int8")  # fake quantization inside the model (sites)
@@ -67,8 +68,14 @@ def _integer(text: str, message: str) -> int:
 
 
 def parse_bit_width(bits: int | str) -> int:
-    """One bit width as given (an int, or its text); its range is checked by the method or format using it."""
-    return _integer(bits, "bits must be an integer") if isinstance(bits, str) else bits
+    """One bit width as given (any integer, `core.integers`, or its text); its range is checked by the method
+    or format using it."""
+    if isinstance(bits, str):
+        return _integer(bits, "bits must be an integer")
+    value = as_int(bits)
+    if value is None:
+        raise ConfigError(f"bits must be an integer, got {bits!r}")
+    return value
 
 
 def parse_bits(text: str) -> list[int]:

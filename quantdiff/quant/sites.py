@@ -16,6 +16,7 @@ from torch import nn
 
 import quantdiff.attention.backend as attention
 from quantdiff.attention.coverage import tracking
+from quantdiff.core.typed import checked_class
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import structure
 from quantdiff.quant.numerics import (
@@ -46,6 +47,7 @@ ModuleFilter = Callable[[nn.Module, str], bool]
 # ---- methods: how one tensor is quantized -------------------------------------------------------------------
 
 
+@checked_class
 @dataclass(frozen=True)
 class AbsmaxMethod:
     """Symmetric absmax. `granularity` applies to activations (logits, Q/K, linear inputs) and the KV cache.
@@ -67,6 +69,7 @@ class AbsmaxMethod:
             check_group_size(self.weight_group_size)
 
 
+@checked_class
 @dataclass(frozen=True)
 class LLMInt8Method:
     """LLM.int8 (vector-wise absmax + exact outlier feature columns), generalised to `bits`.
@@ -94,16 +97,19 @@ Method = AbsmaxMethod | LLMInt8Method
 # ---- sites: which tensors ----------------------------------------------------------------------------------
 
 
+@checked_class
 @dataclass(frozen=True)
 class LogitsSite:
     """Pre-softmax attention scores (QKᵀ·scaling), causal entries only; for Diff both maps."""
 
 
+@checked_class
 @dataclass(frozen=True)
 class QKSite:
     """Q and K as operands of the logits matmul."""
 
 
+@checked_class
 @dataclass(frozen=True)
 class LinearSite:
     """Weights and inputs of nn.Linear layers. Default: floating-point nn.Linear inside decoder layers,
@@ -122,6 +128,7 @@ class LinearSite:
             raise ConfigError("a linear site must quantize weights, inputs or both")
 
 
+@checked_class
 @dataclass(frozen=True)
 class KVSite:
     """The keys and values attention reads, after RoPE, as a KV cache holds them. Absmax only, at any 2–16 bits.
@@ -146,6 +153,7 @@ Site = LogitsSite | QKSite | LinearSite | KVSite
 SITE_TYPES: dict[str, type] = {"logits": LogitsSite, "qk": QKSite, "linear": LinearSite, "kv": KVSite}  # keys: registry.SITE_NAMES
 
 
+@checked_class
 @dataclass(frozen=True)
 class QuantConfig:
     method: Method
@@ -231,6 +239,7 @@ def parse_config(
     rows in groups of that many channels (site kv, granularity row).
     transform: a Hadamard rotation or SmoothQuant smoothing before quantizing (site linear only)."""
     bits = parse_bit_width(bits)
+    _refuse_ignored(method_name(method), site_name(site), threshold, include_lm_head)
     if transform is not None and not isinstance(transform, get_args(Transform)):  # a name is not a transform
         raise ConfigError(f"transform must be None, a HadamardRotation or a Smoothing (quantdiff.HadamardRotation()), got {transform!r}")
     if group_size is not None and site_name(site) not in ("linear", "kv"):
@@ -254,6 +263,17 @@ def parse_config(
     config = QuantConfig(method_cfg, site_cfg)
     check_supported(config)
     return config
+
+
+def _refuse_ignored(method: str, site: str, threshold: object, include_lm_head: object) -> None:
+    """A setting the chosen method or site would not read is an error, as the CLI's options are (a value equal
+    to its default changes nothing, and is accepted)."""
+    if method != "llm-int8" and threshold != LLM_INT8_THRESHOLD:
+        raise ConfigError(f"threshold is an LLM.int8 setting: method {method} would ignore threshold={threshold!r}")
+    if not isinstance(include_lm_head, bool):
+        raise ConfigError(f"include_lm_head must be True or False, got {include_lm_head!r}")
+    if include_lm_head and site != "linear":
+        raise ConfigError(f"include_lm_head chooses the linear site's layers: site {site} would ignore it")
 
 
 # ---- the quantizers the handlers install ------------------------------------------------------------------

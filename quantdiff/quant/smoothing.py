@@ -29,7 +29,9 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from quantdiff.core.typed import checked_class
 from quantdiff.core.errors import ConfigError
+from quantdiff.core.integers import as_int
 from quantdiff.models import structure
 from quantdiff.stats.channels import LINEAR_INPUTS, ChannelStats
 
@@ -228,24 +230,41 @@ def folding_is_exact(model: nn.Module, groups: list[SmoothingGroup], input_ids: 
 # ---- the calibration pass -------------------------------------------------------------------------------------
 
 
+@checked_class
 @dataclass(frozen=True)
 class Calibration:
     """Where the activation maxima come from: `tokens` tokens of a data source (`data.sources`: a file,
-    builtin:corpus-train, builtin:bigram-backcopy, …) in sequences of at most `seq_len` (and the model's positions)."""
+    builtin:corpus-train, builtin:bigram-backcopy, …) in sequences of at most `seq_len` (`length`)."""
 
     source: str
     tokens: int = DEFAULT_CALIBRATION_TOKENS
-    seq_len: int = DEFAULT_CALIBRATION_SEQ_LEN
+    seq_len: int | None = None
 
     def __post_init__(self) -> None:
+        from quantdiff.data.sources import check_calibration_split, check_token_budget
+
         if not isinstance(self.source, str) or not self.source:
             raise ConfigError(f"calibration data must name a data source, got {self.source!r}")
+        check_calibration_split(self.source, "calibration data")
         for name, value, least in (("tokens", self.tokens, 1), ("seq_len", self.seq_len, 2)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            if name == "seq_len" and value is None:
+                continue
+            if as_int(value) is None or value < least:
                 raise ConfigError(f"calibration {name} must be an integer of at least {least}, got {value!r}")
+            object.__setattr__(self, name, as_int(value))  # a numpy integer is stored (and written to JSON) as an int
+        check_token_budget(self.tokens, "--calibration-tokens")
 
     def to_dict(self) -> dict:
         return {"source": self.source, "tokens": self.tokens, "seq_len": self.seq_len}
+
+    def length(self, config) -> int:
+        """The sequence length for a model of `config`: `seq_len` as given, refused beyond the model's positions
+        (`eval.bounds.check_positions`); unset, DEFAULT_CALIBRATION_SEQ_LEN or the model's positions if fewer."""
+        from quantdiff.eval.bounds import check_positions
+
+        if self.seq_len is None:
+            return min(DEFAULT_CALIBRATION_SEQ_LEN, getattr(config, "max_position_embeddings", None) or DEFAULT_CALIBRATION_SEQ_LEN)
+        return check_positions(self.seq_len, config, "calibration sequences")
 
 
 def calibrate(model: nn.Module, tokenizer, calibration: Calibration, bos_id: int | None = None, batch_size: int = 4) -> Calibrated:
@@ -258,7 +277,7 @@ def calibrate(model: nn.Module, tokenizer, calibration: Calibration, bos_id: int
     from quantdiff.stats.collect import StatsCollector
 
     config = model.config
-    seq_len = min(calibration.seq_len, getattr(config, "max_position_embeddings", None) or calibration.seq_len)
+    seq_len = calibration.length(config)
     tokenize = None if tokenizer is None else (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
     sequences = load_sequences(calibration.source, tokenize, calibration.tokens, seq_len, config.vocab_size, bos_id, tokenizer)
     batches = make_batches(sequences, batch_size, getattr(config, "pad_token_id", None) or 0)

@@ -15,6 +15,7 @@ from typing import Callable, ClassVar, Sequence
 
 from torch import nn
 
+from quantdiff.core.typed import checked_class
 from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.quant.hadamard import hadamard_block, rotate
 from quantdiff.quant.smoothing import DEFAULT_ALPHA, Calibrated, Calibration, apply_smoothing, calibrate, check_alpha, divide_inputs
@@ -22,6 +23,7 @@ from quantdiff.quant.smoothing import DEFAULT_ALPHA, Calibrated, Calibration, ap
 Undo = Callable[[], None]
 
 
+@checked_class
 @dataclass(frozen=True)
 class HadamardRotation:
     """y = (xH)(WH)ᵀ for every quantized linear: its weight is stored rotated, its input rotated on the fly, and
@@ -33,6 +35,7 @@ class HadamardRotation:
         return {"name": self.name}
 
 
+@checked_class
 @dataclass(frozen=True)
 class Smoothing:
     """SmoothQuant with migration strength `alpha`, scales from `calibration` (see `quant.smoothing`).

@@ -41,13 +41,20 @@ def cpu_vendor() -> str:
         return "unknown"
 
 
-def pin_environment() -> None:
+def pin_environment() -> list[str]:
     """Put ENVIRONMENT in os.environ (overriding the user's values) while this process has not imported torch: the
     kernels it and its children will use. A process that already imported torch (the Python API, tests) keeps its
     kernels, and its environment is left alone: otherwise only the processes it starts later would change kernels
-    (`pinned_children` pins the workers that training starts)."""
-    if "torch" not in sys.modules:
-        os.environ.update(ENVIRONMENT)
+    (`pinned_children` pins the workers that training starts). Returns a note per value of the user's replaced,
+    which the command prints: a setting is never changed without saying so."""
+    if "torch" in sys.modules:
+        return []
+    notes = [f"sets {name}={value} (it was {os.environ[name]})" for name, value in ENVIRONMENT.items() if os.environ.get(name, value) != value]
+    os.environ.update(ENVIRONMENT)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads is not None and threads != str(THREADS):
+        notes.append(f"trains on {THREADS} thread(s), not OMP_NUM_THREADS={threads}")
+    return [f"note: this run {note}, for bit-identical training" for note in notes]
 
 
 @contextmanager

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -17,7 +17,7 @@ def kv_plan(
     bits: Annotated[str, typer.Option("--bits", help="Comma-separated budgets, each 2–16 bits.")] = "4",
     calibration: Annotated[str, typer.Option("--calibration", help="Calibration data, never the evaluation data: a text or JSONL file, builtin:corpus-train or builtin:bigram-backcopy.")] = "builtin:corpus-train",
     calibration_tokens: Annotated[int, typer.Option("--calibration-tokens", help="Tokens of the calibration pass.")] = 8192,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Calibration sequence length (and the length the plan's expected bits are given for).")] = 256,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Calibration sequence length (and the length the plan's expected bits are given for); default 256, or the model's positions if fewer; longer than the model's positions is refused.")] = None,
     keep_first: Annotated[int, typer.Option("--keep-first", help="Policy first: positions kept at 16 bits.")] = 1,
     step: Annotated[int, typer.Option("--step", help="Policy heads: bits added to sink heads and taken from as many non-sink heads.")] = 1,
     device: DeviceOpt = None,
@@ -48,9 +48,11 @@ def kv_plan(
         if plan is None:
             notes.print(f"[yellow]skipped {path.name}: {reason}[/yellow]")
         elif not quiet:
-            notes.print(f"{path}: {plan.policy} at {plan.budget_bits} bits, {plan.expected_bits(seq_len):.3f} bits per cached element at {seq_len} tokens")
+            length = plan.evidence["calibration"]["seq_len"]
+            notes.print(f"{path}: {plan.policy} at {plan.budget_bits} bits, {plan.expected_bits(length):.3f} bits per cached element at {length} tokens")
     if json_path is not None:
         plans = [{"path": str(path), "skipped": reason} if plan is None else
-                 {"path": str(path), "policy": plan.policy, "budget_bits": plan.budget_bits, "expected_bits": plan.expected_bits(seq_len), "seq_len": seq_len}
+                 {"path": str(path), "policy": plan.policy, "budget_bits": plan.budget_bits,
+                  "expected_bits": plan.expected_bits(plan.evidence["calibration"]["seq_len"]), "seq_len": plan.evidence["calibration"]["seq_len"]}
                  for path, plan, reason in written]
         write_json(json_path, {"schema": "quantdiff.kv-plan-run", "model": model, "plans": plans}, indent=2, force=force)

@@ -31,7 +31,7 @@ def reproduce(
     # Before torch is imported: the kernels training pins. A quantized cell of a massive-activation model moves by
     # about one standard error between AVX2, AVX512 and scalar kernels (docs/results.md), so a published report
     # regenerates only on pinned ones.
-    pin_environment()
+    notes = pin_environment()
     from quantdiff.cli.output import check_json, result_console, write_result
     from quantdiff.cli.validate import check_list, check_positive
     from quantdiff.core.device import resolve_device
@@ -48,6 +48,8 @@ def reproduce(
     names = None if tasks is None else tuple(t.strip() for t in tasks.split(",") if t.strip())
     options = ReproduceOptions(target, out, stats_tokens, items, names, device, force, None if real_model == "none" else real_model)
     check_json(json_path, given_inputs(options), force, [("--out", out)])
+    for note in notes:  # after every check of the options: a failing run prints only its error line
+        line_console(stderr=True).print(note)
     report = run(options, line_console(stderr=True, quiet=quiet))
     result_console(json_path, quiet).print(f"report -> {report}")
     files = sorted(str(path.relative_to(out)) for path in out.rglob("*") if path.is_file())

@@ -82,7 +82,7 @@ def sweep(
     target = resolve_device(device, "--device")
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
     plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size, transform, granularity)
-    plan.configs.extend(load_kv_plans(kv_plan, task, data, granularity))
+    plan.configs.extend(load_kv_plans(kv_plan, data, granularity))
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     if blocks is not None and (blocks < 2 or not hasattr(the_task, "pool")):
@@ -159,7 +159,7 @@ def evaluate(
     check_group_option(group_size, [site or "logits"])
     target = resolve_device(device, "--device")
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
-    configs = load_kv_plans(kv_plan, task, data, granularity) if kv_plan else [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", granularity, group_size=group_size, transform=transform)]
+    configs = load_kv_plans(kv_plan, data, granularity) if kv_plan else [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", granularity, group_size=group_size, transform=transform)]
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     check_mode(bos)

@@ -33,7 +33,7 @@ def train(
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # busy-waiting OpenMP threads stall CPU steps for seconds
     from quantdiff.train.determinism import pin_environment
 
-    pin_environment()  # before torch is imported: the kernels that make a seed's weights the same on any machine
+    notes = pin_environment()  # before torch is imported: the kernels that make a seed's weights the same on any machine
     from quantdiff.cli.output import check_json, result_console, write_result
     from quantdiff.cli.validate import check_positive
     from quantdiff.report.console import line_console
@@ -54,6 +54,8 @@ def train(
     for directory in dirs.values():
         check_out(directory, parsed.arm_names, sources)
     check_json(json_path, sources, force, [("the arm directory", d / arm) for d in dirs.values() for arm in parsed.arm_names])
+    for note in notes:  # after every check: a failing run prints only its error line
+        line_console(stderr=True).print(note)
     runs = train_seeds(parsed, out, force=force, jobs=jobs, console=line_console(stderr=True, quiet=quiet))  # progress: stderr
     result_console(json_path, quiet).print("models saved: " + "  ".join(str(p) for paths in runs.values() for p in paths.values()))
     write_result(json_path, "train", {"recipe": parsed.name, "out": str(out), "runs": _run_records(runs)}, force)

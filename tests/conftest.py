@@ -53,3 +53,13 @@ def gemma3_dir():
 
     return resolve("gemma3")[0]
 
+
+
+# Modules whose tests share one expensive module fixture run first. pytest-xdist's worksteal hands each worker a
+# contiguous block of the list and steals from the blocks' ends, so the front stays together on one worker:
+# split across two, the second worker would wait on the first's measurement (tests/once.py) with its core idle.
+SHARED_FIXTURE_MODULES = ("test_real_model.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in SHARED_FIXTURE_MODULES)  # stable: the rest keep their order

@@ -39,7 +39,10 @@ TEXT = (
 SEQ = 38
 # reference + absmax/LLM.int8 8-bit @linear, at the published (non-causal, per-sequence) scales: the LLM.int8 paper's
 # result below, and what an llm-int8 export reloads to (bitsandbytes picks a forward's outlier columns over its tokens).
-PLAN = RealModelPlan(stats_tokens=256, seq_len=128, bits=(8,), sites=("linear",), granularity="tensor")
+# 4 lm windows of 256 tokens (the report's 8 halved, for the suite's time): absmax 8-bit loses 0.061 in accuracy
+# to LLM.int8 there, against two standard errors of 0.039 (0.056 on 8 windows), and the weight-only rows stay far
+# apart (perplexity 50 against 80); the exports' reload checks are exact at any size.
+PLAN = RealModelPlan(stats_tokens=256, seq_len=128, windows=4, bits=(8,), sites=("linear",), granularity="tensor")
 
 
 @pytest.fixture(scope="module")

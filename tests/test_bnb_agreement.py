@@ -72,13 +72,19 @@ def _bnb_linear(layer: nn.Linear) -> bnb.nn.Linear8bitLt:
     return int8.to("cpu").eval()  # .to(device) quantizes the weight; eval: train mode skips activation quantization
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_linear_site_equals_linear8bitlt_eval(seed):
+def _fp16_exact_linear(seed: int) -> nn.Linear:
+    """A 32 → 16 linear whose weights and bias float16 holds exactly (bitsandbytes computes in float16)."""
     torch.manual_seed(seed)
     layer = nn.Linear(32, 16)
     with torch.no_grad():
         layer.weight.copy_(layer.weight.half().float())
         layer.bias.copy_(layer.bias.half().float())
+    return layer
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_linear_site_equals_linear8bitlt_eval(seed):
+    layer = _fp16_exact_linear(seed)
     x = fp16_exact(1, 10, 32, seed=seed)  # one sequence: our outlier columns are per sequence, bnb's per batch
     int8 = _bnb_linear(layer)
     with torch.no_grad():
@@ -91,11 +97,7 @@ def test_linear_site_equals_linear8bitlt_eval(seed):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_causal_linear_site_equals_linear8bitlt_one_token_at_a_time(seed):
     """Granularity row (the default): each token's outliers its own, what bitsandbytes computes decoding token by token."""
-    torch.manual_seed(seed)
-    layer = nn.Linear(32, 16)
-    with torch.no_grad():
-        layer.weight.copy_(layer.weight.half().float())
-        layer.bias.copy_(layer.bias.half().float())
+    layer = _fp16_exact_linear(seed)
     x = fp16_exact(1, 10, 32, seed=seed)
     int8 = _bnb_linear(layer)
     with torch.no_grad():

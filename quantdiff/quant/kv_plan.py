@@ -47,14 +47,11 @@ from torch import nn
 import quantdiff.attention.backend as attention
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import structure
-from quantdiff.quant.kv_plan_schema import MAX_POSITION, QUANTIZER, check_plan_document, read_plan_json
+from quantdiff.quant.kv_plan_schema import MAX_POSITION, PLAN_SCHEMA, PLAN_VERSION, POLICIES, QUANTIZER, check_plan_document, read_plan_json
 from quantdiff.quant.numerics import PerColumn, PerRow, absmax, check_bits, fake_quantize_with_absmax, rowwise_absmax_quantize
 from quantdiff.stats.sinks import SINK_EPSILON
 
-PLAN_SCHEMA = "quantdiff.kv-plan"
-PLAN_VERSION = 1
 FULL_BITS = 16  # the cache's own precision: elements at 16 bits are not quantized
-POLICIES = ("uniform", "first", "massive", "heads")
 MASSIVE_SHARE = 0.5  # a position is kept when it carried a massive activation in at least this share of sequences
 TOKEN_RATIO = 10.0  # … and its largest |h| is this many times the layer's median over tokens of their largest |h|
 

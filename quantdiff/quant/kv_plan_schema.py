@@ -22,6 +22,9 @@ from quantdiff.quant.numerics import MAX_BITS, MIN_BITS
 
 MAX_PLAN_BYTES = 64 << 20  # a plan for 10,000 layers of 128 heads is a few MB
 MAX_POSITION = 2**31 - 1  # far beyond any model's positions; larger values overflow the index tensors
+PLAN_SCHEMA = "quantdiff.kv-plan"
+PLAN_VERSION = 1
+POLICIES = ("uniform", "first", "massive", "heads")
 QUANTIZER = {"method": "absmax", "scales": "the run's granularity: row (per token and KV head) or tensor (KIVI)", "full_bits": MAX_BITS}
 # What plans written before the causal default said: the same plan, applied at whichever granularity the run asks.
 EARLIER_QUANTIZER = {"method": "absmax", "keys": "per channel", "values": "per token", "full_bits": MAX_BITS}
@@ -89,7 +92,6 @@ def _list(value: Any, field: str) -> list:
 
 def check_plan_document(data: Any) -> None:
     """ConfigError naming the first field of a plan document (parsed JSON) that breaks the schema."""
-    from quantdiff.quant.kv_plan import PLAN_SCHEMA, PLAN_VERSION, POLICIES
 
     if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
         raise ConfigError(f"not a KV plan: expected \"schema\": \"{PLAN_SCHEMA}\"")

@@ -184,19 +184,26 @@ def _check_summary(summary: dict, values: list[float], log: bool = False) -> Non
     assert (summary["mean"], summary["low"], summary["high"]) == pytest.approx((mean, low, high), rel=1e-9, abs=1e-12)
 
 
-LOG_KEYS = ("table5/attention_logits/top1_over_median", "table5/hidden_states/top1_over_median", "sinks/bos_peak_over_median")  # geometric means
+LOG_KEYS = ("table5/attention_logits/top1_over_median", "table5/hidden_states/top1_over_median", "sinks/bos_peak_over_median",
+            "table5/attention_logits/kurtosis", "table5/hidden_states/kurtosis")  # geometric means
 
 
 def _independent_values(report: Path, seed: int) -> dict[str, dict[str, float | None]]:
     """{metric key: {arm: value}} read straight from seed-<s>/stats.json and sweep.json."""
     stats = json.loads((report / f"seed-{seed}" / "stats.json").read_text())
     sweep = json.loads((report / f"seed-{seed}" / "sweep.json").read_text())
-    values: dict[str, dict] = {key: {} for key in LOG_KEYS + ("table5/attention_logits/top1", "table5/hidden_states/top1", "sinks/score", "sinks/max")}
+    values: dict[str, dict] = {key: {} for key in LOG_KEYS + ("table5/attention_logits/top1", "table5/hidden_states/top1",
+                                                              "table5/attention_logits/top1_per_map", "sinks/score", "sinks/max")}
     for m in stats["models"]:
         for block in ("attention_logits", "hidden_states"):
             top1 = max(abs(t["value"]) for t in m[block]["topk"])
             values[f"table5/{block}/top1"][m["name"]] = top1
             values[f"table5/{block}/top1_over_median"][m["name"]] = top1 / m[block]["median"]
+            values[f"table5/{block}/kurtosis"][m["name"]] = m[block]["kurtosis"]
+        # one per_head block per softmax map, each over the same number of logits in every kind
+        maps = [max(abs(t["value"]) for t in head["topk"]) for layer in m["attention_logits"]["per_head"] for head in layer]
+        assert len({head["count"] for layer in m["attention_logits"]["per_head"] for head in layer}) == 1
+        values["table5/attention_logits/top1_per_map"][m["name"]] = sum(maps) / len(maps)
         values["sinks/score"][m["name"]] = m["sinks"]["score"]
         values["sinks/max"][m["name"]] = max(max(row) for row in m["sinks"].get("combined", m["sinks"]["per_head"]))
         values["sinks/bos_peak_over_median"][m["name"]] = m["hidden_states"]["first_position"]["max"] / m["hidden_states"]["median"]

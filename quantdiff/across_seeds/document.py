@@ -31,7 +31,7 @@ from typing import Sequence
 
 from quantdiff.across_seeds.curves import emergence_curves
 from quantdiff.across_seeds.intervals import CONFIDENCE, METHOD, paired, share, summarize
-from quantdiff.across_seeds.metrics import MODEL_METRICS, Metric, has_sink, model_values, sweep_values
+from quantdiff.across_seeds.metrics import CHANGE_PREFIX, MODEL_METRICS, Metric, change_metric, change_values, has_sink, model_values, sweep_values
 from quantdiff.across_seeds.significance import (EXACT_MAX_SEEDS, RESAMPLE_SEED, RESAMPLES, holm, mcnemar_exact_p,
                                                  sign_flip_method)
 
@@ -106,6 +106,13 @@ def seeds_document(recipe: str, arms: dict[str, str], reference: str | None, sta
         for key, metric in sweep_metrics.items():
             metrics.setdefault(key, metric)
             values.setdefault(key, {})[seed] = sweep_by_key[key]
+    for key in (k for k in primary_metrics if k.startswith(CHANGE_PREFIX)):  # computed where the plan names one
+        metric = change_metric(key, metrics)
+        if metric is not None:
+            metrics[key] = metric
+            unquantized = f"sweep/{metric.cell['task']}/unquantized"
+            cell = "sweep/" + key.removeprefix(CHANGE_PREFIX)
+            values[key] = {seed: change_values(key, values[cell].get(seed, {}), values[unquantized].get(seed, {})) for seed in stats}
     flags = {arm: {seed: has_sink(m) for seed in stats for m in stats[seed]["models"] if m["name"] == arm} for arm in names}
     flags = {arm: {s: f for s, f in by_seed.items() if f is not None} for arm, by_seed in flags.items()}
     sink_share = {arm: share(by_seed) for arm, by_seed in flags.items()}

@@ -8,13 +8,23 @@ Each metric has a key, a label, and how it is summarised and compared with the r
 - the sink mass, the continuous quantity that score thresholds (stats.sinks: the largest per-head mean attention
   on the first position; Diff: of the combined maps), so that a head at 0.301 and one at 0.299 read as
   neighbours: arithmetic mean; compared as the difference arm − standard;
+- the Top-1 |attention logit| per softmax map (each map's largest |logit|, averaged over the model's maps): a
+  like-for-like Top-1, since every map of every arm holds the same number of logits, where the overall Top-1 is
+  a maximum over as many logits as the arm has maps (DIFF V2 has twice the standard arm's): arithmetic mean;
+  compared as standard ÷ arm;
+- the kurtosis of |attention logit| and of |hidden state| (the fourth standardised moment, E[(a − μ)⁴] / σ⁴ of
+  a = |x|, stats.moments), a scale-free measure of how heavy the tail is: itself a ratio, so geometric mean;
+  compared as standard ÷ arm;
 - each Top-1 over its block's median |value| (Sun et al. 2024's yardstick for a massive activation), which
   takes out overall scale (an SGD-trained model's activations are smaller throughout): itself a ratio, so
   geometric mean; compared as standard ÷ arm;
 - the BOS peak ÷ median (Sun et al. 2024, "Massive Activations": the largest |hidden state| at the first
   position over the median |hidden state|): itself a ratio, so geometric mean; compared as standard ÷ arm;
 - every sweep cell's headline metric (the task's accuracy or loss after quantization, Ye et al. §3.4,
-  Figure 8): arithmetic mean; compared as the difference arm − standard.
+  Figure 8): arithmetic mean; compared as the difference arm − standard;
+- a quantized cell's change from the same model unquantized (change/<task>/<site>/<method>/<bits>: quantized
+  minus unquantized headline, per seed), what the quantizer costs each model whatever its unquantized level:
+  arithmetic mean; compared as the difference arm − standard.
 """
 
 from __future__ import annotations
@@ -36,12 +46,17 @@ class Metric:
 
 TOP1_LOGITS = Metric("table5/attention_logits/top1", "Top-1 attention logit (abs)", log=False, ratio=True)
 TOP1_HIDDEN = Metric("table5/hidden_states/top1", "Top-1 hidden state (abs)", log=False, ratio=True)
+TOP1_LOGITS_PER_MAP = Metric("table5/attention_logits/top1_per_map", "Top-1 attention logit (abs) per softmax map, mean over maps", log=False, ratio=True)
+KURTOSIS_LOGITS = Metric("table5/attention_logits/kurtosis", "kurtosis (abs attention logit)", log=True, ratio=True)
+KURTOSIS_HIDDEN = Metric("table5/hidden_states/kurtosis", "kurtosis (abs hidden state)", log=True, ratio=True)
 TOP1_LOGITS_RELATIVE = Metric("table5/attention_logits/top1_over_median", "Top-1 ÷ median (abs attention logit)", log=True, ratio=True)
 TOP1_HIDDEN_RELATIVE = Metric("table5/hidden_states/top1_over_median", "Top-1 ÷ median (abs hidden state)", log=True, ratio=True)
 SINK_SCORE = Metric("sinks/score", "sink score (share of heads > ε)", log=False, ratio=False)
 SINK_MASS = Metric("sinks/max", "sink mass (largest per-head attention on position 0)", log=False, ratio=False)
 BOS_RATIO = Metric("sinks/bos_peak_over_median", "BOS peak ÷ median (abs hidden state)", log=True, ratio=True)
-MODEL_METRICS = (TOP1_LOGITS, TOP1_HIDDEN, TOP1_LOGITS_RELATIVE, TOP1_HIDDEN_RELATIVE, SINK_SCORE, SINK_MASS, BOS_RATIO)
+MODEL_METRICS = (TOP1_LOGITS, TOP1_HIDDEN, TOP1_LOGITS_PER_MAP, TOP1_LOGITS_RELATIVE, TOP1_HIDDEN_RELATIVE, KURTOSIS_LOGITS,
+                 KURTOSIS_HIDDEN, SINK_SCORE, SINK_MASS, BOS_RATIO)
+CHANGE_PREFIX = "change/"
 
 
 def sweep_key(task: str, site: str | None, method: str | None, bits: int | None, group_size: int | None = None) -> str:
@@ -59,6 +74,31 @@ def sweep_metric(cell: dict) -> Metric:
     return Metric(key, f"{task} {headline_metric(task)}, {what}", log=False, ratio=False, cell=where)
 
 
+def change_key(task: str, site: str, method: str, bits: int, group_size: int | None = None) -> str:
+    """change/<task>/<site>/<method>/<bits>[/g<group size>]: a quantized cell minus the same model unquantized."""
+    return CHANGE_PREFIX + sweep_key(task, site, method, bits, group_size).removeprefix("sweep/")
+
+
+def change_metric(key: str, metrics: dict[str, Metric]) -> Metric | None:
+    """The change metric `key` names, from the sweep metrics it is computed from (None: the sweep lacks either cell)."""
+    cell = metrics.get("sweep/" + key.removeprefix(CHANGE_PREFIX))
+    if cell is None or cell.cell is None or f"sweep/{cell.cell['task']}/unquantized" not in metrics:
+        return None
+    return Metric(key, cell.label + ", minus unquantized", log=False, ratio=False, cell=cell.cell)
+
+
+def change_values(key: str, by_arm: dict[str, float | None], unquantized: dict[str, float | None]) -> dict[str, float | None]:
+    """{arm: quantized − unquantized} of one seed (None where either is missing)."""
+    return {arm: None if value is None or unquantized.get(arm) is None else value - unquantized[arm] for arm, value in by_arm.items()}
+
+
+def _per_map_top1(logits: dict) -> float | None:
+    """The mean over softmax maps (stats' per_head blocks: one per map, each holding the same count in every
+    arm) of each map's largest |logit|."""
+    maps = [block["max"] for layer in logits.get("per_head") or [] for block in layer if block.get("max") is not None]
+    return sum(maps) / len(maps) if maps else None
+
+
 def _over_median(value: float | None, block: dict) -> float | None:
     median = block["median"]
     return None if value is None or not median else value / median
@@ -72,6 +112,9 @@ def model_values(stats: dict) -> dict[str, dict[str, float | None]]:
         logits, hidden = model["attention_logits"], model["hidden_states"]
         values[TOP1_LOGITS.key][arm] = table5_row(logits)[0]
         values[TOP1_HIDDEN.key][arm] = table5_row(hidden)[0]
+        values[TOP1_LOGITS_PER_MAP.key][arm] = _per_map_top1(logits)
+        values[KURTOSIS_LOGITS.key][arm] = logits.get("kurtosis")
+        values[KURTOSIS_HIDDEN.key][arm] = hidden.get("kurtosis")
         values[TOP1_LOGITS_RELATIVE.key][arm] = _over_median(table5_row(logits)[0], logits)
         values[TOP1_HIDDEN_RELATIVE.key][arm] = _over_median(table5_row(hidden)[0], hidden)
         values[SINK_SCORE.key][arm] = (model.get("sinks") or {}).get("score")

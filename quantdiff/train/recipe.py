@@ -29,7 +29,7 @@ else:  # pragma: no cover
 
 import torch
 
-from quantdiff.across_seeds.metrics import MODEL_METRICS, sweep_key
+from quantdiff.across_seeds.metrics import MODEL_METRICS, change_key, sweep_key
 from quantdiff.core.atomic import check_name_length
 from quantdiff.core.errors import ConfigError
 from quantdiff.core.memory import check_fits
@@ -338,10 +338,12 @@ def _check_primary(recipe: Recipe) -> None:
             raise ConfigError(f"[analysis] primary_arms: {arm!r} is not an arm compared with the reference arm {reference!r} (those are: {', '.join(compared) or 'none'})")
     tasks = ("bb",) if recipe.synthetic else TEXT_TASKS
     cells = {sweep_key(task, site, method_name(method), bits) for task in tasks for site in analysis.sites for method in analysis.methods for bits in analysis.bits}
+    cells |= {change_key(task, site, method_name(method), bits) for task in tasks for site in analysis.sites for method in analysis.methods
+              for bits in analysis.bits}
     model_keys = [m.key for m in MODEL_METRICS]
     for metric in metrics:
         if metric not in model_keys and metric not in cells:
-            raise ConfigError(f"[analysis] primary_metrics: unknown metric {metric!r} (known: {', '.join(model_keys)}, or sweep/<task>/<site>/<method>/<bits> "
+            raise ConfigError(f"[analysis] primary_metrics: unknown metric {metric!r} (known: {', '.join(model_keys)}, or sweep/ or change/<task>/<site>/<method>/<bits> "
                               f"with task {' or '.join(tasks)} and this recipe's sites, methods and bits, e.g. {sweep_key(tasks[0], analysis.sites[-1], method_name(analysis.methods[0]), analysis.bits[-1])})")
 
 

@@ -94,17 +94,22 @@ def vocabulary_text(repeats: int = 2000) -> str:
 class Filler:
     """Sentences of `text`, each prefixed with one space, and their token counts under `count_tokens`."""
 
-    def __init__(self, text: str, count_tokens: Callable[[Sequence[str]], list[int]]):
+    def __init__(self, text: str, count_tokens: Callable[[Sequence[str]], list[int]],
+                 count_pieces: Callable[[Sequence[str]], list[int]] | None = None):
+        """`count_pieces`, where given, counts the sentences themselves (the same numbers, e.g. from a cache)."""
         self.pieces = [" " + s for s in sentences(text)]
         if not self.pieces:
             raise DataError("no sentences in the filler text")
-        self.counts = count_tokens(self.pieces)
+        self.counts = (count_pieces or count_tokens)(self.pieces)
         self.count_tokens = count_tokens
 
     @classmethod
     def from_tokenizer(cls, text: str, tokenizer) -> Filler:
         """Counts with a transformers tokenizer, no special tokens added."""
-        return cls(text, lambda pieces: [len(ids) for ids in tokenizer(list(pieces), add_special_tokens=False)["input_ids"]])
+        from quantdiff.data.tokenized import piece_counts
+
+        count = lambda pieces: [len(ids) for ids in tokenizer(list(pieces), add_special_tokens=False)["input_ids"]]  # noqa: E731
+        return cls(text, count, lambda pieces: piece_counts(tokenizer, pieces))
 
     def run(self, rng: random.Random, budget: int) -> list[tuple[str, int]]:
         """(piece, tokens) of consecutive sentences from a random start filling `budget` tokens.

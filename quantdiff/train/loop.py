@@ -44,6 +44,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import quantdiff.data.bigram_backcopy as bigram_backcopy
 import quantdiff.data.corpus as corpus
+import quantdiff.data.tokenized as tokenized
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import progress_bar
@@ -59,7 +60,7 @@ from quantdiff.data.sources import Batch
 from quantdiff.eval.tasks.bb import BBTask
 from quantdiff.eval.tasks.lm import LMTask, PreparedLM
 from quantdiff.eval.tasks.retrieval import encode_example, exact_matches
-from quantdiff.models.tokenizer import save_tokenizer, train_bpe
+from quantdiff.models.tokenizer import save_tokenizer
 from quantdiff.train import determinism, emergence, guards
 from quantdiff.train.guards import CHECKPOINT  # inside --out; removed once the arms are saved
 from quantdiff.train.resume_state import checked_state
@@ -89,8 +90,8 @@ def prepare_data(recipe: Recipe, tokenizer: PreTrainedTokenizerBase | None = Non
         generator = bigram_backcopy.load()
         return PairData(generator.tokenizer(), None, None, None, generator.bos_id, generator)
     train_text, held_out_text = split_text(recipe, "train"), split_text(recipe, corpus.HELD_OUT_SPLIT)
-    tokenizer = tokenizer or train_bpe(train_text + vocabulary_text(), recipe.model.vocab_size)
-    encode = lambda text: torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)  # noqa: E731
+    tokenizer = tokenizer or tokenized.bpe(train_text + vocabulary_text(), recipe.model.vocab_size)
+    encode = lambda text: torch.tensor(tokenized.ids(tokenizer, text), dtype=torch.long)  # noqa: E731
     bos_id = tokenizer.bos_token_id if recipe.train.bos else None
     return PairData(tokenizer, encode(train_text), encode(held_out_text), Filler.from_tokenizer(train_text, tokenizer), bos_id)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from quantdiff.report.sweep_report import SweepPoint, plot_sweep, sweep_figure
+from quantdiff.report.sweep_report import UNPAIRED_CAPTION, SweepPoint, plot_sweep, sweep_figure
 
 SITES, MODELS, METHODS, BITS = ("logits", "qk", "linear"), ("standard", "diff", "diffv2"), ("absmax", "llm-int8"), (16, 8, 6, 4)
 
@@ -54,3 +54,16 @@ def test_one_seed_draws_points_without_bars_and_invalid_cells_are_gaps(tmp_path)
     assert drawn == [0.9]
     plot_sweep(points, tmp_path / "s.png", "accuracy", "t")
     assert (tmp_path / "s.png").stat().st_size > 1000
+
+
+def test_the_axis_starts_at_zero_and_says_that_per_arm_bars_are_unpaired():
+    # 4-bit values near 0.86 used to cut the axis at 0.80, which makes a 0.14 loss fill the panel
+    points = [SweepPoint("a", None, None, None, 1.0), SweepPoint("a", "absmax", "linear", 8, 0.99, 0.98, 1.0),
+              SweepPoint("a", "absmax", "linear", 4, 0.86, 0.83, 0.9)]
+    fig = sweep_figure(points, "accuracy", "t")
+    assert fig.axes[0].get_ylim()[0] == 0.0
+    assert [t.get_text() for t in fig.texts] == ["t", UNPAIRED_CAPTION] and "unpaired" in UNPAIRED_CAPTION  # title, caption
+    one_seed = [SweepPoint(p.model, p.method, p.site, p.bits, p.value) for p in points]
+    assert [t.get_text() for t in sweep_figure(one_seed, "accuracy", "t").texts] == ["t"]  # no bars, no caption about them
+    below = [*points[:2], SweepPoint("a", "absmax", "linear", 4, 0.05, -0.1, 0.2)]  # a t interval past the bound is drawn whole
+    assert sweep_figure(below, "accuracy", "t").axes[0].get_ylim()[0] == -0.1

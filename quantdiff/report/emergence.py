@@ -27,8 +27,32 @@ def read_series(dirs: dict[str, Path]) -> dict[str, list[dict]]:
     return series
 
 
+# Sink panels are shares (of heads, of attention): a fixed 0-1 axis, so a drift of a percent cannot look like a
+# sink forming; widened only where a value or a t band leaves it (Diff's combined map dips below 0, DIFF V2's can
+# exceed 1, a t band can pass 0), never clipped.
+SHARE_RANGE = (0.0, 1.0)
+SHARE_NOTE = "a share: 0–1 fixed, widened only to fit"
+
+
+def share_limits(values: list[float], margin: float = 0.02) -> tuple[float, float]:
+    """The y-limits of a sink panel: SHARE_RANGE, widened to every plotted value and band edge."""
+    return min([SHARE_RANGE[0], *values]) - margin, max([SHARE_RANGE[1], *values]) + margin
+
+
 def plot_emergence(curves: dict[str, dict], path: Path) -> Path:
-    """One PNG, a panel per quantity, a line per arm (x: training tokens per model), its band where there is one."""
+    """`emergence_figure` as one PNG at `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = emergence_figure(curves)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", metadata=plot_metadata())
+    plt.close(fig)
+    return path
+
+
+def emergence_figure(curves: dict[str, dict]):
+    """A panel per quantity, a line per arm (x: training tokens per model), its band where there is one; sink
+    panels on a fixed 0–1 axis (`share_limits`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,24 +60,23 @@ def plot_emergence(curves: dict[str, dict], path: Path) -> Path:
 
     fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.6), squeeze=False)
     for ax, (quantity, panel) in zip(axes[0], curves.items()):
+        plotted = []
         for arm, curve in panel["arms"].items():
             points = [(t, m, lo, hi) for t, m, lo, hi in zip(curve["tokens"], curve["mean"], curve["low"], curve["high"]) if m is not None]
             line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=arm)
             banded = [p for p in points if p[2] is not None]
+            plotted += [p[1] for p in points] + [edge for p in banded for edge in (p[2], p[3])]
             if banded:
                 ax.fill_between([p[0] for p in banded], [p[2] for p in banded], [p[3] for p in banded], color=line.get_color(), alpha=0.18, linewidth=0)
         ax.set(xlabel="training tokens per model", title=panel["label"])
-        if quantity == "sink/score":
-            ax.set_ylim(-0.02, 1.02)  # a share of heads: the whole range, so "no sink" reads as a flat zero
-        elif quantity.startswith("sink/"):
-            ax.axhline(0.0, color="grey", linewidth=0.5)  # Diff's combined mass can dip below 0
+        if quantity.startswith("sink/"):
+            ax.set_ylim(*share_limits(plotted))
+            ax.set_ylabel(SHARE_NOTE, fontsize=8)
+            ax.axhline(0.0, color="grey", linewidth=0.5)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", metadata=plot_metadata())
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _cell(curve: dict, index: int) -> str:

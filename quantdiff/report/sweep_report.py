@@ -63,6 +63,11 @@ def cell_points(cells: Sequence[Cell], metric: str) -> list[SweepPoint]:
 METHOD_STYLES = ("-", "--", "-.", ":")
 METHOD_MARKERS = "osD^v"
 
+# Error bars across seeds are each arm's own spread; the tests against the reference are paired by seed, so
+# their intervals (report.md) can exclude zero where these bars overlap.
+UNPAIRED_CAPTION = ("Error bars: each arm's own 95% interval across seeds, unpaired. They do not test differences between "
+                    "arms: the paired comparisons with the reference, seed by seed, are in report.md.")
+
 
 def plot_sweep(points: Sequence[SweepPoint], path: str | Path, metric: str, title: str, force: bool = False) -> None:
     """Write `sweep_figure` to `path` (its format from the suffix). It replaces an existing file only if
@@ -113,7 +118,8 @@ def sweep_figure(points: Sequence[SweepPoint], metric: str, title: str):
         ax.set(xlabel="bits", title=f"site {site}")
         ax.grid(alpha=0.3)
     if all(p.value >= 0 for p in points if p.value is not None) and any(p.value is not None for p in points):
-        axes[0][0].set_ylim(bottom=max(axes[0][0].get_ylim()[0], 0.0))  # no negative ticks for accuracies and losses
+        # the full range from 0 (lower only where an interval reaches below it): a cut near the data makes small losses look large
+        axes[0][0].set_ylim(bottom=min([0.0, *(p.low for p in points if p.low is not None)]))
     axes[0][0].set_ylabel(metric)
     handles = [Line2D([], [], color=colour[m], linewidth=2, label=m) for m in models]
     handles += [Line2D([], [], color="black", linestyle=style[k][0], marker=style[k][1], label=str(k)) for k in methods]
@@ -121,4 +127,6 @@ def sweep_figure(points: Sequence[SweepPoint], metric: str, title: str):
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
+    if any(p.low is not None for p in quantized):
+        fig.text(0.0, -0.04, UNPAIRED_CAPTION, ha="left", va="top", fontsize=8)
     return fig

@@ -15,6 +15,7 @@ import runpy
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -31,8 +32,8 @@ def _server():
     return _context
 
 
-def _child(argv: list[str] | None, code: str | None, cwd: str, env: dict[str, str], out: str, err: str) -> None:
-    """The child's body: `python -m quantdiff ARGV` or `python -c CODE`, as the interpreter would run it."""
+def _child(argv: list[str] | None, code: str | None, cwd: str, env: dict[str, str], out: str, err: str, args: list[str]) -> None:
+    """The child's body: `python -m quantdiff ARGV` or `python -c CODE ARGS`, as the interpreter would run it."""
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -48,7 +49,7 @@ def _child(argv: list[str] | None, code: str | None, cwd: str, env: dict[str, st
             sys.argv = ["quantdiff", *argv]
             runpy.run_module("quantdiff", run_name="__main__", alter_sys=True)
         else:
-            sys.argv = ["-c"]
+            sys.argv = ["-c", *args]
             exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
     except SystemExit as stop:
         status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
@@ -62,20 +63,66 @@ def _child(argv: list[str] | None, code: str | None, cwd: str, env: dict[str, st
     os._exit(status)
 
 
-def run(argv: list[str] | None = None, code: str | None = None, *, cwd: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run `quantdiff ARGV` (argv) or a Python block (code) in a fresh forked process; the result as
-    subprocess.run(capture_output=True, text=True) gives it."""
+class Child:
+    """A forked process started by `start`: what subprocess.Popen offers the tests that talk to one while it runs
+    (its pid, signals, a line of its stdout as it is written, its exit)."""
+
+    def __init__(self, process, directory: tempfile.TemporaryDirectory, command):
+        self.process, self._directory, self.command = process, directory, command
+        self.out, self.err = (Path(directory.name) / name for name in ("stdout", "stderr"))
+        self._read = 0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def readline(self, timeout: float = 300) -> str:
+        """The next whole line of its stdout ("" once it has exited without one)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.out.read_text(errors="replace")[self._read:]
+            if "\n" in text:
+                line = text[: text.index("\n") + 1]
+                self._read += len(line)
+                return line
+            if self.process.exitcode is not None or time.monotonic() > deadline:
+                return ""
+            time.sleep(0.01)
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def wait(self, timeout: float = 600) -> subprocess.CompletedProcess:
+        """Its exit status and whole output (killed on timeout); the captured files are removed."""
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+            self._directory.cleanup()
+            raise subprocess.TimeoutExpired(self.command, timeout)
+        done = subprocess.CompletedProcess(self.command, self.process.exitcode, self.out.read_text(errors="replace"),
+                                           self.err.read_text(errors="replace"))
+        self._directory.cleanup()
+        return done
+
+
+def start(argv: list[str] | None = None, code: str | None = None, *, cwd: Path, env: dict[str, str], args: list[str] = ()) -> Child:
+    """Start `quantdiff ARGV` (argv) or `python -c CODE ARGS` (code) in a fresh forked process."""
     assert (argv is None) != (code is None)
-    with tempfile.TemporaryDirectory() as captured:
-        out, err = os.path.join(captured, "stdout"), os.path.join(captured, "stderr")
-        for path in (out, err):
-            Path(path).touch()
-        process = _server().Process(target=_child, args=(argv, code, str(cwd), dict(env), out, err))
-        process.start()
-        process.join(timeout)
-        if process.is_alive():
-            process.kill()
-            process.join()
-            raise subprocess.TimeoutExpired(argv or code, timeout)
-        return subprocess.CompletedProcess(argv or code, process.exitcode, Path(out).read_text(errors="replace"),
-                                           Path(err).read_text(errors="replace"))
+    directory = tempfile.TemporaryDirectory()
+    out, err = (os.path.join(directory.name, name) for name in ("stdout", "stderr"))
+    for path in (out, err):
+        Path(path).touch()
+    process = _server().Process(target=_child, args=(argv, code, str(cwd), dict(env), out, err, list(args)))
+    process.start()
+    return Child(process, directory, argv or code)
+
+
+def run(argv: list[str] | None = None, code: str | None = None, *, cwd: Path, env: dict[str, str], args: list[str] = (),
+        timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `quantdiff ARGV` (argv) or `python -c CODE ARGS` (code) in a fresh forked process; the result as
+    subprocess.run(capture_output=True, text=True) gives it."""
+    return start(argv, code, cwd=cwd, env=env, args=args).wait(timeout)

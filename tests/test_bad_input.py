@@ -8,8 +8,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from quantdiff.cli.app import main
 from quantdiff.core.errors import LoadError
 from quantdiff.models.names import ASSETS
+from tests import forked
 
 SOURCE = ASSETS / "tiny" / "diff"  # a trained model with its tokenizer; copied before every case
 
@@ -458,12 +457,13 @@ def test_bad_input_gives_one_error_line_and_changes_nothing(tmp_path, capsys, mo
 
 @pytest.mark.parametrize("corrupt", ["wrong-shape", "missing"])
 def test_transformers_load_report_never_reaches_the_user(tmp_path, corrupt):
-    """In a subprocess, so that transformers' own log handlers (bound to the real stderr) are seen too."""
+    """In a process of its own (forked: tests/forked.py), whose stderr is a file, so that transformers' own log
+    handlers (bound to the process's stderr) are seen too."""
     src = tmp_path / "src"
     shutil.copytree(SOURCE, src)
     _edit_weights(src, WRONG_SHAPE if corrupt == "wrong-shape" else MISSING)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([sys.executable, "-m", "quantdiff", "info", str(src)], capture_output=True, text=True, env=env, timeout=300)
+    proc = forked.run(["info", str(src)], cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 1
     assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("error:") and "LOAD REPORT" not in proc.stderr

@@ -5,13 +5,12 @@ waits and then reuses it (a second conversion would replace the entry under a re
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from quantdiff.core.cache import cache_dir, cache_lock
 from quantdiff.core.manifest import file_sha256
+from tests import forked
 from tests.test_gguf import _tiny_llama_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,18 +45,18 @@ def test_the_cache_follows_quantdiff_cache_then_xdg_cache_home_then_home(monkeyp
     assert cache_dir() == tmp_path / "mine"
 
 
-def _start(gguf: Path, go: Path, log: Path, cache: Path) -> subprocess.Popen:
+def _start(gguf: Path, go: Path, log: Path, cache: Path) -> forked.Child:
+    """A process of its own (forked from one that has imported quantdiff already: tests/forked.py)."""
     env = {**os.environ, "QUANTDIFF_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-c", RESOLVE, str(gguf), str(go), str(log)], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "ready", process.stderr.read()[-2000:]
+    process = forked.start(code=RESOLVE, args=[str(gguf), str(go), str(log)], cwd=ROOT, env=env)
+    assert process.readline().strip() == "ready", process.err.read_text()[-2000:]
     return process
 
 
-def _finish(process: subprocess.Popen) -> str:
-    out, err = process.communicate(timeout=300)
-    assert process.returncode == 0, err[-2000:]
-    return out.strip()
+def _finish(process: forked.Child) -> str:
+    done = process.wait(timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
 
 
 def test_two_processes_converting_one_file_at_once_convert_it_once(tmp_path):

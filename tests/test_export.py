@@ -4,8 +4,6 @@ import json
 import os
 import pickle
 import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -25,6 +23,7 @@ from quantdiff.quant.formats import AbsmaxExport, Bnb4bitExport, LLMInt8Export, 
 from quantdiff.quant.packing import pack_codes, packed_size, unpack_codes
 from quantdiff.models.pairs import SizePreset, build_pair
 from quantdiff.quant.sites import AbsmaxMethod, LinearSite, LLMInt8Method, LogitsSite, QuantConfig, fake_quant_weight, linear_targets, quantized
+from tests import forked
 
 PRESET = SizePreset(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=97, max_position_embeddings=64)
 IDS = torch.randint(0, PRESET.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
@@ -339,9 +338,9 @@ def test_killed_export_leaves_nothing_that_looks_complete(sources, tmp_path, exi
         export_quantized(sources["diff"], out, AbsmaxExport(8))
         before = {p.name: p.read_bytes() for p in out.iterdir()}
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.Popen([sys.executable, "-c", KILL_DRIVER, str(sources["diff"]), str(out)], stdout=subprocess.PIPE, text=True, env=env)
+    proc = forked.start(code=KILL_DRIVER, args=[str(sources["diff"]), str(out)], cwd=tmp_path, env=env)  # a process of its own
     try:
-        assert proc.stdout.readline().strip() == "WRITTEN"
+        assert proc.readline().strip() == "WRITTEN"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

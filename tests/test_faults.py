@@ -23,6 +23,7 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.core.savedir import MARKER, atomic_dir
 from quantdiff.models.names import ASSETS
 from quantdiff.quant.checkpoint import load_quantized
+from tests import forked
 from tests.test_bad_input import tree_hashes
 
 SOURCE = ASSETS / "tiny" / "diff"
@@ -62,9 +63,9 @@ KILL_DRIVER = textwrap.dedent(
 
 def _killed_mid_write(args: list[str]) -> None:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", KILL_DRIVER, *args], stdout=subprocess.PIPE, text=True, env=env)
+    proc = forked.start(code=KILL_DRIVER, args=args, cwd=Path.cwd(), env=env)  # a process of its own (tests/forked.py)
     try:
-        assert proc.stdout.readline().strip() == "WRITTEN"
+        assert proc.readline().strip() == "WRITTEN"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

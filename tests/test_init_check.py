@@ -4,9 +4,8 @@ the gap to the standard arm and its interval against scipy's t distribution, and
 from __future__ import annotations
 
 import json
+import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from scipy import stats as scipy_stats
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.report.init_check import init_document, init_markdown
+from tests import forked
 
 ROOT = Path(__file__).resolve().parent.parent
 LOSSES = {"standard": [4.10, 4.20, 4.05], "diff": [4.13, 4.22, 4.09]}
@@ -52,8 +52,9 @@ def test_a_run_whose_logs_record_another_init_is_refused(tmp_path):
 def test_the_script_writes_the_report_and_says_whether_the_plan_holds(tmp_path):
     _write_run(tmp_path / "runs" / "authors", "authors", LOSSES)
     _write_run(tmp_path / "runs" / "transformers", "transformers", {"standard": [4.1, 4.2, 4.0], "diff": [4.6, 4.7, 4.5]})
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "text_init_report.py"), str(tmp_path / "runs"), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, cwd=ROOT)
+    script = ROOT / "scripts" / "text_init_report.py"  # run as `python SCRIPT`, in a forked process (tests/forked.py)
+    done = forked.run(code=f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
+                      args=[str(tmp_path / "runs"), "--out", str(tmp_path / "out")], cwd=ROOT, env=dict(os.environ))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "gap to standard on the authors' init: +0.0300 nats" in done.stdout and "within the plan's 0.05 nats" in done.stdout
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["curves.png", "init_check.json", "tables.md"]

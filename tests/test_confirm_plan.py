@@ -90,7 +90,7 @@ def test_change_metrics_and_their_holm_family_recompute_from_the_per_seed_json()
     p = []
     for key in CHANGES:
         block = doc["metrics"][key]
-        assert block["label"].endswith("minus unquantized") and block["comparison"] == "arm − reference"
+        assert block["label"].endswith(", quantized − unquantized") and block["comparison"] == "arm − reference"
         for arm in kinds:
             assert block["arms"][arm]["per_seed"] == pytest.approx({str(s): expected[s][key][arm] for s in SEEDS}, abs=1e-12)
         for arm in arms:
@@ -257,3 +257,86 @@ def test_per_map_top1_is_the_mean_of_each_maps_naive_largest_logit(arm):
     got = model_values({"models": [entry]})["table5/attention_logits/top1_per_map"][arm]
     assert got == pytest.approx(sum(per_map) / len(per_map), rel=1e-4)
     assert max(per_map) - min(per_map) > 1e-2 * max(per_map)  # the maps differ: a mean over the wrong maps would show
+
+
+# ---- the confirmatory report --------------------------------------------------------------------------------------
+
+
+def _report_copy(tmp_path: Path) -> Path:
+    """A report directory holding results/bb's seeds 0-5 (per-seed JSON only: what a rebuild reads)."""
+    import shutil
+
+    copy = tmp_path / "rep"
+    copy.mkdir()
+    shutil.copy(RESULTS_BB / ".quantdiff-output", copy)
+    for s in SEEDS:
+        shutil.copytree(RESULTS_BB / f"seed-{s}", copy / f"seed-{s}")
+    return copy
+
+
+def _check_result(passed: bool) -> dict:
+    findings = dict.fromkeys(FINDINGS, True) | ({} if passed else {FINDINGS[3]: False})
+    return {"recipe": "recipes/confirm-bb.toml", "plan_commit": "4363ce52ecca70c3aa64936f27e9f94c6ec40518", "plan_committed_at": "2026-11-28T11:39:35+00:00",
+            "first_model_written_at": "2026-11-28T12:00:00+00:00", "last_model_written_at": "2026-11-28T15:00:00+00:00", "models": 72,
+            "findings": findings, "passed": passed, "seeds": [12], "arms": ["standard"]}
+
+
+def test_a_plans_report_titles_its_family_confirmatory_and_labels_the_rest_exploratory(tmp_path, capsys):
+    from quantdiff.jobs.reproduce_seeds import main as rebuild_main
+    from quantdiff.report.seeds_markdown import _p, interval
+
+    report = _report_copy(tmp_path)
+    assert rebuild_main([str(report), "--recipe", "confirm-bb"]) == 0
+    doc, text = json.loads((report / "seeds.json").read_text()), (report / "report.md").read_text()
+    assert doc["primary"]["plan"] == "recipes/confirm-bb.toml" and "plan_check" not in doc["primary"]
+    assert "## Confirmatory family: the plan's comparisons with `standard`, Holm-corrected" in text and "## Primary comparisons" not in text
+    assert "Not checked against the trained run" in text and "Everything else in this report is **exploratory**" in text
+    for heading in ("Largest activation values across seeds (the paper's Table 5, Top-1)", "Accuracy with quantization across seeds (the paper's Figure 8)",
+                    "Emergence of outliers during training (across seeds)"):
+        assert f"## {heading} (exploratory)\n" in text
+    assert "> **Non-causal quantization.**" not in text  # the plan quantizes causally
+    rows = text.split("## Confirmatory family")[1].split("\n## ")[0].splitlines()
+    for item in doc["primary"]["comparisons"]:
+        if item["metric"] == "change/bb/linear/absmax/3":  # results/bb swept down to 4 bits: measured nowhere, tested never
+            assert item["p"] is None and f"| {item['metric']} | {item['arm']} | not measured | – | – | – | – | untested |" in rows
+            continue
+        label = doc["metrics"][item["metric"]]["label"]
+        row = next(r for r in rows if r.startswith(f"| {label} | standard ÷ {item['arm']} |") or r.startswith(f"| {label} | {item['arm']} − standard |"))
+        pair = doc["metrics"][item["metric"]]["paired"][item["arm"]]
+        verdict = "difference detected" if item["holm_p"] <= 0.05 else "no difference detected"
+        assert interval(pair, times=item["metric"].startswith("table5/")) in row and row.endswith(f"| {_p(item['p'])} | {_p(item['holm_p'])} | {verdict} |")
+    # the change metric is labelled as such, and the sweep table still shows each cell's accuracy, not its change
+    assert "### Quantized − unquantized, each model against itself" in text and "bb accuracy, absmax 4-bit at linear, quantized − unquantized" in text
+    linear = text.split("at site `linear`")[1].split("###")[0]
+    cell = doc["metrics"]["sweep/bb/linear/absmax/4"]["arms"]["standard"]
+    assert f"| standard | absmax | {interval(doc['metrics']['sweep/bb/unquantized']['arms']['standard'])} | " in linear
+    assert interval(cell) in next(r for r in linear.splitlines() if r.startswith("| standard | absmax |"))
+
+    (report / "plan_check.json").write_text(json.dumps(_check_result(passed=True)))
+    assert rebuild_main([str(report), "--recipe", "confirm-bb"]) == 0
+    text = (report / "report.md").read_text()
+    assert "committed in 4363ce52ecca70c3aa64936f27e9f94c6ec40518 (2026-11-28T11:39:35+00:00)" in text and "on the run's 72 models" in text
+    assert all(f"- ok: {finding}" in text for finding in FINDINGS) and "not confirmatory evidence" not in text
+    (report / "plan_check.json").write_text(json.dumps(_check_result(passed=False)))
+    assert rebuild_main([str(report), "--recipe", "confirm-bb"]) == 0
+    text = (report / "report.md").read_text()
+    assert f"- **failed**: {FINDINGS[3]}" in text and "**The plan check failed: until that is explained, this family is not confirmatory evidence.**" in text
+
+
+def test_a_plan_check_of_another_recipe_or_beside_no_plan_is_refused_and_a_changed_plan_is_no_plan(tmp_path, capsys):
+    from quantdiff.jobs.reproduce_seeds import main as rebuild_main
+
+    report = _report_copy(tmp_path)
+    (report / "plan_check.json").write_text(json.dumps(_check_result(passed=True) | {"recipe": "recipes/confirm-text.toml"}))
+    assert rebuild_main([str(report), "--recipe", "confirm-bb"]) == 1 and not (report / "report.md").exists()
+    assert capsys.readouterr().out.strip().endswith("checks recipes/confirm-text.toml, but this report's plan is recipes/confirm-bb.toml")
+    (report / "plan_check.json").write_text(json.dumps(_check_result(passed=True)))
+    assert rebuild_main([str(report), "--recipe", "bb"]) == 1 and "the recipe given is not a confirmatory plan" in capsys.readouterr().out
+    (report / "plan_check.json").write_text("{")
+    assert rebuild_main([str(report), "--recipe", "confirm-bb"]) == 1 and "plan_check.json is unreadable" in capsys.readouterr().out
+    (report / "plan_check.json").unlink()
+    changed = tmp_path / "confirm-bb.toml"  # the plan with one byte more: no longer the plan
+    changed.write_text((ROOT / "recipes" / "confirm-bb.toml").read_text() + "\n")
+    assert rebuild_main([str(report), "--recipe", str(changed)]) == 0
+    doc, text = json.loads((report / "seeds.json").read_text()), (report / "report.md").read_text()
+    assert doc["primary"]["plan"] is None and "## Primary comparisons with `standard`, Holm-corrected" in text and "Confirmatory" not in text

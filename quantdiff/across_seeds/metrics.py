@@ -84,7 +84,7 @@ def change_metric(key: str, metrics: dict[str, Metric]) -> Metric | None:
     cell = metrics.get("sweep/" + key.removeprefix(CHANGE_PREFIX))
     if cell is None or cell.cell is None or f"sweep/{cell.cell['task']}/unquantized" not in metrics:
         return None
-    return Metric(key, cell.label + ", minus unquantized", log=False, ratio=False, cell=cell.cell)
+    return Metric(key, cell.label + ", quantized − unquantized", log=False, ratio=False, cell=cell.cell)
 
 
 def change_values(key: str, by_arm: dict[str, float | None], unquantized: dict[str, float | None]) -> dict[str, float | None]:

@@ -12,7 +12,7 @@ multi-seed document beside what a report measured live on one shipped seed (`liv
 from __future__ import annotations
 
 import quantdiff.report.paper as paper
-from quantdiff.across_seeds.metrics import (BOS_RATIO, CHANGE_PREFIX, KURTOSIS_HIDDEN, KURTOSIS_LOGITS, MODEL_METRICS, SINK_MASS,
+from quantdiff.across_seeds.metrics import (BOS_RATIO, CHANGE_PREFIX, KURTOSIS_HIDDEN, KURTOSIS_LOGITS, MODEL_METRICS, SINK_LOGIT_MASS, SINK_MASS, SINK_MIN,
                                             SINK_SCORE, TOP1_HIDDEN, TOP1_HIDDEN_RELATIVE, TOP1_LOGITS, TOP1_LOGITS_PER_MAP, TOP1_LOGITS_RELATIVE)
 from quantdiff.report.markdown import md_table
 from quantdiff.report.numbers import MISSING
@@ -123,19 +123,23 @@ def table5_markdown(doc: dict) -> str:
 
 
 def sinks_markdown(doc: dict) -> str:
-    """Sink score, sink mass, the share of seeds with a sink head (with the exact McNemar test against the
-    reference), and the BOS peak ÷ median per arm across seeds (all exploratory)."""
-    metrics = doc["metrics"]
+    """Sink score, sink mass (largest and smallest head), the share of seeds with a sink head (with the exact
+    McNemar test against the reference), the BOS peak ÷ median, and, where an arm has a sink logit, the mass it
+    absorbs, per arm across seeds (all exploratory)."""
+    absorbed = any(_summary(doc, SINK_LOGIT_MASS.key, arm).get("n") for arm in doc["arms"])  # the sink kind only
     rows = []
     for arm in doc["arms"]:
         entry = doc["sink_share"][arm]
         test = entry.get("mcnemar")
         mcnemar = MISSING if test is None else f"{test['reference_only']} / {test['other_only']}, p {_p(test['p'])}"
-        rows.append([arm, interval(metrics[SINK_SCORE.key]["arms"][arm]), interval(metrics[SINK_MASS.key]["arms"][arm]), _share(entry), mcnemar,
-                     interval(metrics[BOS_RATIO.key]["arms"][arm], times=True)])
+        rows.append([arm, interval(_summary(doc, SINK_SCORE.key, arm)), interval(_summary(doc, SINK_MASS.key, arm)),
+                     interval(_summary(doc, SINK_MIN.key, arm)), _share(entry), mcnemar, interval(_summary(doc, BOS_RATIO.key, arm), times=True),
+                     *([interval(_summary(doc, SINK_LOGIT_MASS.key, arm))] if absorbed else [])])
     header = ["arm", "sink score: mean [95% CI]", "sink mass (largest head's mean attention on position 0): mean [95% CI]",
+              "smallest head's mean attention on position 0 (Diff: combined map, can be negative): mean [95% CI]",
               "seeds with a sink head (share [95% CI])", f"sink head in {doc['reference']} only / arm only: exact McNemar p",
-              "BOS peak ÷ median: geometric mean [95% CI]"]
+              "BOS peak ÷ median: geometric mean [95% CI]",
+              *(["mass the sink logit absorbs (largest head's share of the softmax denominator, given to no key): mean [95% CI]"] if absorbed else [])]
     return md_table(header, rows)
 
 
@@ -167,7 +171,8 @@ def paired_markdown(doc: dict, lowest_bits_only: bool = True) -> str:
     keys += list(lowest.values()) if lowest_bits_only else list(cells)
     keys += [key for key in metrics if key.startswith(CHANGE_PREFIX)]
     primary = "confirmatory" if plan(doc) else "primary"
-    rows = [_paired_row(metrics[key], arm, reference, primary) for key in keys for arm in doc["arms"] if arm in metrics[key].get("paired", {})]
+    rows = [_paired_row(metrics[key], arm, reference, primary) for key in keys for arm in doc["arms"]
+            if metrics[key].get("paired", {}).get(arm, {}).get("n")]  # none where no seed measured both (the sink logit's mass)
     header = ["metric", "comparison", "mean [95% CI]", f"seeds: {reference} higher / arm higher / equal", "test", "p (unadjusted)", "family", "per seed"]
     return md_table(header, rows)
 

@@ -295,7 +295,13 @@ def test_a_plans_report_titles_its_family_confirmatory_and_labels_the_rest_explo
                     "Emergence of outliers during training (across seeds)"):
         assert f"## {heading} (exploratory)\n" in text
     assert "> **Non-causal quantization.**" not in text  # the plan quantizes causally
+    # the two untested comparisons still count in the family of 8 (as p = 1): Holm over the 6 alone would be laxer
+    comparisons = doc["primary"]["comparisons"]
+    assert len(comparisons) == 8 and [c["p"] is None for c in comparisons] == [False] * 6 + [True] * 2
+    assert [c["holm_p"] for c in comparisons[:6]] == pytest.approx(_holm([c["p"] for c in comparisons[:6]] + [1.0, 1.0])[:6], rel=1e-12)
+    assert [c["holm_p"] for c in comparisons[:6]] != pytest.approx(_holm([c["p"] for c in comparisons[:6]]), rel=1e-12)
     rows = text.split("## Confirmatory family")[1].split("\n## ")[0].splitlines()
+    assert "2 of the 8 comparisons untested: each counts in Holm's correction as p = 1." in rows
     for item in doc["primary"]["comparisons"]:
         if item["metric"] == "change/bb/linear/absmax/3":  # results/bb swept down to 4 bits: measured nowhere, tested never
             assert item["p"] is None and f"| {item['metric']} | {item['arm']} | not measured | – | – | – | – | untested |" in rows

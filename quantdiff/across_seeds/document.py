@@ -77,14 +77,16 @@ def _mcnemar(reference: dict[str, bool], other: dict[str, bool]) -> dict:
 
 def _primary(metrics: dict[str, dict], primary_metrics: Sequence[str], primary_arms: Sequence[str], plan: str | None) -> dict:
     """Label every paired comparison primary or exploratory, and correct the primary family's p by Holm (Holm
-    1979). A primary comparison the run did not measure (or with no p) is listed with p None, outside the family."""
+    1979). A primary comparison the run did not measure (or with no p) is listed with p None and Holm p None, yet
+    still counts in the family's size, as a p of 1: the correction then holds for the family the recipe named."""
     family = [(key, arm) for key in primary_metrics for arm in primary_arms]
     for key, block in metrics.items():
         for arm, pair in block.get("paired", {}).items():
             pair["family"] = "primary" if (key, arm) in family else "exploratory"
     pairs = {(key, arm): metrics.get(key, {}).get("paired", {}).get(arm) for key, arm in family}
     tested = [item for item, pair in pairs.items() if pair is not None and pair["p"] is not None]
-    adjusted = dict(zip(tested, holm([pairs[item]["p"] for item in tested])))
+    untested = len(pairs) - len(tested)
+    adjusted = dict(zip(tested, holm([pairs[item]["p"] for item in tested] + [1.0] * untested)))
     comparisons = []
     for item, pair in pairs.items():
         holm_p = adjusted.get(item)

@@ -107,7 +107,9 @@ def primary_markdown(doc: dict) -> str:
                      pair["test"], _p(item["p"]), _p(item["holm_p"]), verdict])
     header = ["metric", "comparison", "mean [95% CI]", f"seeds: {reference} higher / arm higher / equal", "test", "p", "Holm p",
               f"at family-wise α = {primary['alpha']:g}"]
-    return md_table(header, rows)
+    untested = sum(item["p"] is None for item in primary["comparisons"])
+    note = f"\n\n{untested} of the {len(primary['comparisons'])} comparisons untested: each counts in Holm's correction as p = 1." if untested else ""
+    return md_table(header, rows) + note
 
 
 def table5_markdown(doc: dict) -> str:

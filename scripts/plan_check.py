@@ -25,29 +25,37 @@ from quantdiff.train.recipe import load_recipe
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def plan_commit(recipe: Path) -> str:
-    """The commit that added the recipe file."""
-    added = git("log", "--diff-filter=A", "--format=%H", "--", str(recipe.resolve().relative_to(ROOT))).splitlines()
+def in_repository(recipe: Path, root: Path) -> str:
+    """The recipe's path relative to the repository at `root`."""
+    if not recipe.resolve().is_relative_to(root.resolve()):
+        raise SystemExit(f"error: {recipe} is not inside the repository {root}: there is no plan to check against")
+    return str(recipe.resolve().relative_to(root.resolve()))
+
+
+def plan_commit(recipe: Path, root: Path = ROOT) -> str:
+    """The commit that added the recipe file to the repository at `root`."""
+    added = git(root, "log", "--diff-filter=A", "--format=%H", "--", in_repository(recipe, root)).splitlines()
     if not added:
         raise SystemExit(f"error: {recipe} was never committed: there is no plan to check against")
     return added[-1]
 
 
-def check(recipe_path: Path, run: Path) -> dict:
-    relative = str(recipe_path.resolve().relative_to(ROOT))
-    commit = plan_commit(recipe_path)
-    planned = git("show", f"{commit}:{relative}") + "\n"
-    committed_at = datetime.fromtimestamp(int(git("show", "-s", "--format=%ct", commit)), timezone.utc)
+def check(recipe_path: Path, run: Path, root: Path = ROOT) -> dict:
+    """The findings of `run` against the plan `recipe_path`, a recipe committed in the git repository at `root`."""
+    relative = in_repository(recipe_path, root)
+    commit = plan_commit(recipe_path, root)
+    planned = git(root, "show", f"{commit}:{relative}") + "\n"
+    committed_at = datetime.fromtimestamp(int(git(root, "show", "-s", "--format=%ct", commit)), timezone.utc)
     recipe = load_recipe(recipe_path)
     expected = {(seed, arm) for seed in recipe.train.seeds for arm in recipe.arm_names}
     found = {(int(d.parent.name.removeprefix("seed-")), d.name) for d in run.glob("seed-*/*") if (d / "model.safetensors").is_file()}
     differing = sorted(f"seed-{s}/{a}" for s, a in found if (run / f"seed-{s}" / a / "recipe.toml").read_text(encoding="utf-8") != planned)
     written = [datetime.fromtimestamp((run / f"seed-{s}" / a / "model.safetensors").stat().st_mtime, timezone.utc) for s, a in found]
-    ancestor = subprocess.run(["git", "merge-base", "--is-ancestor", commit, "HEAD"], cwd=ROOT).returncode == 0
+    ancestor = subprocess.run(["git", "merge-base", "--is-ancestor", commit, "HEAD"], cwd=root).returncode == 0
     findings = {
         "recipe unchanged since the plan commit": recipe_path.read_text(encoding="utf-8") == planned,
         "plan commit is an ancestor of HEAD": ancestor,

@@ -126,3 +126,56 @@ def test_sink_mass_is_the_probability_softmax_gives(model_type, tile):
     reference = _eager_first_position_mass(model, batches)
     got = collect_stats(prepare(model, tile), batches, k=5).sinks.per_head()
     assert torch.allclose(got, reference, atol=2e-6), f"max diff {(got - reference).abs().max():.3g}"
+
+
+def test_the_mass_a_sink_logit_absorbs_is_the_naive_share_on_the_shipped_sink_model():
+    """Per head, the mean over valid query rows (padding excluded) of exp(s)/(exp(s) + Σ_j exp(ℓ_j)), the share of
+    each row's softmax denominator that goes to no key, is 1 − the row's naive probabilities summed (float64,
+    tests/naive_llama.py); kinds without a sink logit report none."""
+    import naive_llama
+
+    from quantdiff.across_seeds.metrics import model_values
+    from quantdiff.models.loading import load
+    from quantdiff.models.names import ASSETS
+
+    model = load(ASSETS / "bb" / "sink", device="cpu", tile_size=16)
+    g = torch.Generator().manual_seed(4)
+    sequences = [[0] + torch.randint(1, model.config.vocab_size, (n - 1,), generator=g).tolist() for n in (40, 23, 9, 31)]
+    stats = collect_stats(model, make_batches(sequences, 3), k=5)  # right-padded batches of 3 and 1
+    weights = {name: t.detach().double() for name, t in model.state_dict().items()}
+    share, first = (torch.zeros(model.config.num_hidden_layers, model.config.num_attention_heads, dtype=torch.float64) for _ in range(2))
+    rows = 0
+    with torch.no_grad():
+        for sequence in sequences:
+            probs = naive_llama.forward(model, torch.tensor([sequence]), sinks=lambda prefix: weights[prefix + "self_attn.sinks"])["probs"]
+            share = share + torch.stack([(1 - p.sum(-1)).sum(dim=(0, 2)) for p in probs])
+            first = first + torch.stack([p[..., 0].sum(dim=(0, 2)) for p in probs])
+            rows += len(sequence)
+    summary = stats.sinks.summary()
+    absorbed = torch.tensor(summary["sink_logit"]["per_head"], dtype=torch.float64)
+    assert torch.allclose(absorbed, share / rows, atol=2e-6), f"max diff {(absorbed - share / rows).abs().max():.3g}"
+    assert torch.allclose(stats.sinks.per_head(), first / rows, atol=2e-6)
+    assert absorbed.max() - absorbed.min() > 0.05  # heads differ far beyond the tolerance: a wrong head order fails
+    assert (summary["sink_logit"]["max"], summary["sink_logit"]["mean"]) == pytest.approx((absorbed.max().item(), absorbed.mean().item()))
+    assert SinkStats.from_dict(stats.sinks.to_dict()).summary() == summary  # what a dump carries
+    parts = [collect_stats(model, [batch], k=5).sinks for batch in make_batches(sequences, 3)]
+    assert torch.equal(SinkStats.from_dict(parts[1].to_dict()).merge(parts[0]).sink_logit_mass, stats.sinks.sink_logit_mass)  # exact, any order
+    entry = model_entry("sink", "shipped", stats, "sink")
+    assert model_values({"models": [entry]})["sinks/sink_logit_max"]["sink"] == summary["sink_logit"]["max"]
+    assert "the sink logits absorb" in sink_line("sink", entry["sinks"])
+    standard = collect_stats(load(ASSETS / "bb" / "standard", device="cpu"), make_batches(sequences[:1], 1), k=5).sinks.summary()
+    assert "sink_logit" not in standard
+
+
+def test_the_smallest_sink_mass_is_of_the_maps_the_model_outputs():
+    """sinks/min: Diff V1's combined map (which may be negative) where the model has one, else each head's map."""
+    from quantdiff.across_seeds.metrics import model_values
+
+    per_head = [[0.2, 0.5], [0.1, 0.05]]
+    plain = {"name": "s", "sinks": {"per_head": per_head, "max": 0.5, "score": 0.25}}
+    diff = {"name": "d", "sinks": {"per_head": per_head, "combined": [[-0.89], [0.04]], "max": 0.04, "score": 0.0}}
+    for model in (plain, diff):
+        model |= {"attention_logits": {"topk": [{"value": 1.0}], "median": 1.0, "per_head": []}, "hidden_states": {"topk": [{"value": 1.0}], "median": 1.0}}
+    values = model_values({"models": [plain, diff]})
+    assert values["sinks/min"] == {"s": 0.05, "d": -0.89} and values["sinks/max"] == {"s": 0.5, "d": 0.04}
+    assert values["sinks/sink_logit_max"] == {"s": None, "d": None}

@@ -5,7 +5,9 @@ bands.
 
 The primary comparisons are those the recipe names before the run (`[analysis] primary_metrics` ×
 `primary_arms`, each arm against the reference); Holm's correction (Holm 1979) runs over that family alone.
-Every other comparison is labelled exploratory: its p is unadjusted and supports no claim on its own.
+Every other comparison is labelled exploratory: its p is unadjusted and supports no claim on its own. When the
+recipe is one of the repository's confirmatory plans (`plan`: recipe.plan_file), the family is the plan's,
+named before any of its models trained, and the report calls it confirmatory.
 
 It is built only from each seed's stats.json, sweep.json and train logs, and keeps every per-seed value next to
 its summary, so each number can be recomputed from the JSON alone. The same format is what a published
@@ -14,6 +16,7 @@ multi-seed result ships (across_seeds.published).
     {"schema": "quantdiff.seeds", "version": 2, "recipe", "seeds": [...], "arms": {arm: kind}, "reference",
      "method": {"confidence", "description", "tests", "sign_flip", "exact_up_to", "resamples", "resample_seed"},
      "primary": {"correction", "alpha", "metrics": [...], "arms": [...],
+                 "plan": "recipes/confirm-<name>.toml" | None, ("plan_check": scripts/plan_check.py's result),
                  "comparisons": [{"metric", "arm", "test", "p", "holm_p", "detected"}]},
      "metrics": {key: {"label", "log", "comparison", ("cell": {task, site, method, bits, group_size}: sweep cells)
                        "arms": {arm: {"per_seed": {seed: value}, "n", "mean", "sd", "low", "high"}},
@@ -40,8 +43,9 @@ ALPHA = 0.05  # the family-wise error rate Holm's correction holds the primary c
 CORRECTION = "Holm (1979) step-down, over the primary comparisons only"
 TESTS = (
     "p-values are two-sided, of no difference from the reference arm. A paired ratio (Top-1 |attention logit|, "
-    "Top-1 |hidden state|, BOS peak ÷ median): the paired t test on the per-seed log ratios (the test of the t "
-    "interval beside it). A paired difference (accuracy, sink score, sink mass; bounded, so not assumed normal): "
+    "overall or per softmax map, Top-1 |hidden state|, each over its median, kurtosis, BOS peak ÷ median): the paired "
+    "t test on the per-seed log ratios (the test of the t interval beside it). A paired difference (accuracy, its "
+    "change from the unquantized model, sink score, sink mass; bounded, so not assumed normal): "
     "the sign-flip permutation test of the mean difference (Fisher 1935). Seeds with a sink head, paired: the "
     "exact McNemar test (McNemar 1947). Which test a metric gets is fixed by its kind, not by its data."
 )
@@ -71,16 +75,18 @@ def _mcnemar(reference: dict[str, bool], other: dict[str, bool]) -> dict:
     return cells | {"p": mcnemar_exact_p(cells["reference_only"], cells["other_only"])}
 
 
-def _primary(metrics: dict[str, dict], primary_metrics: Sequence[str], primary_arms: Sequence[str]) -> dict:
+def _primary(metrics: dict[str, dict], primary_metrics: Sequence[str], primary_arms: Sequence[str], plan: str | None) -> dict:
     """Label every paired comparison primary or exploratory, and correct the primary family's p by Holm (Holm
-    1979). A primary comparison the run did not measure (or with no p) is listed with p None, outside the family."""
+    1979). A primary comparison the run did not measure (or with no p) is listed with p None and Holm p None, yet
+    still counts in the family's size, as a p of 1: the correction then holds for the family the recipe named."""
     family = [(key, arm) for key in primary_metrics for arm in primary_arms]
     for key, block in metrics.items():
         for arm, pair in block.get("paired", {}).items():
             pair["family"] = "primary" if (key, arm) in family else "exploratory"
     pairs = {(key, arm): metrics.get(key, {}).get("paired", {}).get(arm) for key, arm in family}
     tested = [item for item, pair in pairs.items() if pair is not None and pair["p"] is not None]
-    adjusted = dict(zip(tested, holm([pairs[item]["p"] for item in tested])))
+    untested = len(pairs) - len(tested)
+    adjusted = dict(zip(tested, holm([pairs[item]["p"] for item in tested] + [1.0] * untested)))
     comparisons = []
     for item, pair in pairs.items():
         holm_p = adjusted.get(item)
@@ -88,14 +94,17 @@ def _primary(metrics: dict[str, dict], primary_metrics: Sequence[str], primary_a
             pair["holm_p"] = holm_p
         comparisons.append({"metric": item[0], "arm": item[1], "test": pair and pair["test"], "p": pair and pair["p"],
                             "holm_p": holm_p, "detected": None if holm_p is None else holm_p <= ALPHA})
-    return {"correction": CORRECTION, "alpha": ALPHA, "metrics": list(primary_metrics), "arms": list(primary_arms), "comparisons": comparisons}
+    return {"correction": CORRECTION, "alpha": ALPHA, "metrics": list(primary_metrics), "arms": list(primary_arms), "plan": plan,
+            "comparisons": comparisons}
 
 
 def seeds_document(recipe: str, arms: dict[str, str], reference: str | None, stats: dict[str, dict], sweeps: dict[str, dict],
-                   series: dict[str, dict[str, list[dict]]], primary_metrics: Sequence[str] = (), primary_arms: Sequence[str] = ()) -> dict:
+                   series: dict[str, dict[str, list[dict]]], primary_metrics: Sequence[str] = (), primary_arms: Sequence[str] = (),
+                   plan: str | None = None) -> dict:
     """The document from per-seed {seed: stats doc}, {seed: sweep doc} and {seed: {arm: outlier series}}
     (seeds as strings, in the order given; `reference`: the arm the others are compared with, None: none;
-    `primary_metrics` × `primary_arms`: the recipe's primary comparisons, each arm against the reference)."""
+    `primary_metrics` × `primary_arms`: the recipe's primary comparisons, each arm against the reference;
+    `plan`: the confirmatory plan the recipe is, recipe.plan_file, None: not a plan)."""
     names = list(arms)
     metrics: dict[str, Metric] = {m.key: m for m in MODEL_METRICS}
     values: dict[str, dict[str, dict[str, float | None]]] = {m.key: {} for m in MODEL_METRICS}
@@ -121,7 +130,7 @@ def seeds_document(recipe: str, arms: dict[str, str], reference: str | None, sta
             if arm != reference:
                 sink_share[arm]["mcnemar"] = _mcnemar(flags[reference], flags[arm])
     blocks = {key: _metric_block(metric, values[key], names, reference) for key, metric in metrics.items()}
-    primary = _primary(blocks, primary_metrics, primary_arms)
+    primary = _primary(blocks, primary_metrics, primary_arms, plan)
     return {
         "schema": SCHEMA,
         "version": VERSION,

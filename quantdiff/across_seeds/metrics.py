@@ -8,6 +8,13 @@ Each metric has a key, a label, and how it is summarised and compared with the r
 - the sink mass, the continuous quantity that score thresholds (stats.sinks: the largest per-head mean attention
   on the first position; Diff: of the combined maps), so that a head at 0.301 and one at 0.299 read as
   neighbours: arithmetic mean; compared as the difference arm − standard;
+- the smallest sink mass (sinks/min): the least per-head mean attention on the first position over the maps the
+  model outputs — each head's softmax map, or for Diff V1 and DIFF V2 each combined map (A1 − λ·A2)/(1 − λ),
+  which can be negative: where it is, the model subtracts attention from position 0 — defined for every kind,
+  beside sinks/max: arithmetic mean; compared as the difference arm − standard;
+- the mass the sink logit absorbs (sinks/sink_logit_max; the sink kind alone has one): per head, the mean over
+  query rows of exp(s)/(exp(s) + Σ_j exp(ℓ_j)), the share of the row's softmax denominator that goes to no key,
+  the largest over heads: arithmetic mean; None for the other kinds, so it is paired with none;
 - the Top-1 |attention logit| per softmax map (each map's largest |logit|, averaged over the model's maps): a
   like-for-like Top-1, since every map of every arm holds the same number of logits, where the overall Top-1 is
   a maximum over as many logits as the arm has maps (DIFF V2 has twice the standard arm's): arithmetic mean;
@@ -53,9 +60,12 @@ TOP1_LOGITS_RELATIVE = Metric("table5/attention_logits/top1_over_median", "Top-1
 TOP1_HIDDEN_RELATIVE = Metric("table5/hidden_states/top1_over_median", "Top-1 ÷ median (abs hidden state)", log=True, ratio=True)
 SINK_SCORE = Metric("sinks/score", "sink score (share of heads > ε)", log=False, ratio=False)
 SINK_MASS = Metric("sinks/max", "sink mass (largest per-head attention on position 0)", log=False, ratio=False)
+SINK_MIN = Metric("sinks/min", "smallest per-head attention on position 0 (Diff: combined maps, can be negative)", log=False, ratio=False)
+SINK_LOGIT_MASS = Metric("sinks/sink_logit_max", "mass the sink logit absorbs (largest per-head share of the softmax denominator)",
+                         log=False, ratio=False)
 BOS_RATIO = Metric("sinks/bos_peak_over_median", "BOS peak ÷ median (abs hidden state)", log=True, ratio=True)
 MODEL_METRICS = (TOP1_LOGITS, TOP1_HIDDEN, TOP1_LOGITS_PER_MAP, TOP1_LOGITS_RELATIVE, TOP1_HIDDEN_RELATIVE, KURTOSIS_LOGITS,
-                 KURTOSIS_HIDDEN, SINK_SCORE, SINK_MASS, BOS_RATIO)
+                 KURTOSIS_HIDDEN, SINK_SCORE, SINK_MASS, SINK_MIN, SINK_LOGIT_MASS, BOS_RATIO)
 CHANGE_PREFIX = "change/"
 
 
@@ -84,7 +94,7 @@ def change_metric(key: str, metrics: dict[str, Metric]) -> Metric | None:
     cell = metrics.get("sweep/" + key.removeprefix(CHANGE_PREFIX))
     if cell is None or cell.cell is None or f"sweep/{cell.cell['task']}/unquantized" not in metrics:
         return None
-    return Metric(key, cell.label + ", minus unquantized", log=False, ratio=False, cell=cell.cell)
+    return Metric(key, cell.label + ", quantized − unquantized", log=False, ratio=False, cell=cell.cell)
 
 
 def change_values(key: str, by_arm: dict[str, float | None], unquantized: dict[str, float | None]) -> dict[str, float | None]:
@@ -97,6 +107,12 @@ def _per_map_top1(logits: dict) -> float | None:
     arm) of each map's largest |logit|."""
     maps = [block["max"] for layer in logits.get("per_head") or [] for block in layer if block.get("max") is not None]
     return sum(maps) / len(maps) if maps else None
+
+
+def _smallest_mass(sinks: dict) -> float | None:
+    """The least per-head mean attention on position 0 over the maps the model outputs (Diff: the combined)."""
+    maps = sinks.get("combined", sinks.get("per_head"))
+    return min(min(layer) for layer in maps) if maps else None
 
 
 def _over_median(value: float | None, block: dict) -> float | None:
@@ -119,6 +135,8 @@ def model_values(stats: dict) -> dict[str, dict[str, float | None]]:
         values[TOP1_HIDDEN_RELATIVE.key][arm] = _over_median(table5_row(hidden)[0], hidden)
         values[SINK_SCORE.key][arm] = (model.get("sinks") or {}).get("score")
         values[SINK_MASS.key][arm] = (model.get("sinks") or {}).get("max")
+        values[SINK_MIN.key][arm] = _smallest_mass(model.get("sinks") or {})
+        values[SINK_LOGIT_MASS.key][arm] = ((model.get("sinks") or {}).get("sink_logit") or {}).get("max")
         values[BOS_RATIO.key][arm] = _over_median(bos_peak(hidden), hidden)
     return values
 

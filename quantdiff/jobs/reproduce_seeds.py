@@ -3,7 +3,9 @@ seed-<s>/sweep.json in the report directory), then summarised across seeds into 
 sweep charts with error bars and the emergence plot with bands.
 
 `python -m quantdiff.jobs.reproduce_seeds DIR` recomputes seeds.json and report.md of such a directory from the
-per-seed JSON it holds (`rebuild`): new statistics over the same measurements, nothing trained or measured."""
+per-seed JSON it holds (`rebuild`): new statistics over the same measurements, nothing trained or measured. When
+the recipe is a confirmatory plan (recipes/confirm-*.toml, byte for byte) and DIR holds the plan_check.json of
+scripts/plan_check.py, the report quotes the plan's commit and the check's findings."""
 
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from quantdiff.report.sweep_report import SweepPoint
 
 def seed_points(doc: dict, task: str) -> list[SweepPoint]:
     """The sweep chart's points of `task` from a seeds document: each arm's mean with its 95% interval."""
+    from quantdiff.across_seeds.metrics import CHANGE_PREFIX
+
     points = []
-    for block in doc["metrics"].values():
+    for key, block in doc["metrics"].items():
         cell = block.get("cell")
-        if cell and cell["task"] == task:
+        if cell and cell["task"] == task and not key.startswith(CHANGE_PREFIX):  # the cells themselves, not their changes
             points += [SweepPoint(arm, cell["method"], cell["site"], cell["bits"], s["mean"], s["low"], s["high"]) for arm, s in block["arms"].items()]
     return points
 
@@ -35,6 +39,7 @@ def multi_seed_report(trained, tasks: list, options, tmp: Path, scratch: Path, c
     from quantdiff.report.emergence import emergence_markdown, plot_emergence, read_series
     from quantdiff.report.markdown import reference_model
     from quantdiff.report.sweep_report import plot_sweep
+    from quantdiff.train.recipe import plan_file
 
     recipe = trained.recipe
     stats, sweeps, series = {}, {}, {}
@@ -48,7 +53,7 @@ def multi_seed_report(trained, tasks: list, options, tmp: Path, scratch: Path, c
     first = next(iter(stats.values()))
     reference = reference_model(first, kinds)
     doc = seeds_document(recipe.name, kinds, reference["name"] if reference else None, stats, sweeps, series,
-                         recipe.analysis.primary_metrics, recipe.analysis.primary_arms)
+                         recipe.analysis.primary_metrics, recipe.analysis.primary_arms, plan_file(recipe))
     write_json(tmp / "seeds.json", doc, indent=1)
     for task in tasks:
         plot_sweep(seed_points(doc, task.name), tmp / f"sweep_{task.name}.png", task.headline,
@@ -58,24 +63,33 @@ def multi_seed_report(trained, tasks: list, options, tmp: Path, scratch: Path, c
     context = setup_context(options, trained, first) | {"tasks": ", ".join(t.name for t in tasks),
                                                         "run time": f"{time.perf_counter() - started:.0f} s"}
     real = [run_real_model(options.real_model, tmp, options.device, console)] if options.real_model else []
-    write_seeds_report(tmp / "report.md", doc, context, emergence_markdown(doc["emergence"], len(stats)), real)
+    write_seeds_report(tmp / "report.md", doc, context, emergence_markdown(doc["emergence"], len(stats)), real, granularity=recipe.analysis.granularity)
 
 
-def write_seeds_report(path: Path, doc: dict, context: dict, emergence: str, extra_sections: list[str], force: bool = False) -> None:
+def write_seeds_report(path: Path, doc: dict, context: dict, emergence: str, extra_sections: list[str], force: bool = False,
+                       granularity: str = "row") -> None:
     """report.md of a multi-seed run: setup, the across-seed sections, emergence, then `extra_sections` (an
-    existing report.md is replaced only with `force`)."""
+    existing report.md is replaced only with `force`); a warning first when the quantizer's `granularity` was
+    not causal."""
+    from quantdiff.jobs.measure_arms import granularity_text
+    from quantdiff.quant.registry import CAUSAL_GRANULARITIES
     from quantdiff.report import paper
     from quantdiff.report.markdown import write_sections
-    from quantdiff.report.seeds_markdown import seeds_sections
+    from quantdiff.report.seeds_markdown import plan, seeds_sections
 
+    warning = [] if granularity in CAUSAL_GRANULARITIES else [
+        f"> **Non-causal quantization.** Every quantized figure here (sweep cells, accuracy under bits) was computed with granularity "
+        f"{granularity_text(granularity)}; no inference engine quantizes so. The recipe names `granularity = \"{granularity}\"` so the "
+        "figures regenerate exactly; new runs default to causal scales (docs/quantization.md, \"Granularity\")."]
     parts = [
         "# quantdiff report (across seeds)",
+        *warning,
         f"Every number is a summary over {len(doc['seeds'])} seeds with its 95% interval; each seed's own stats.json and "
         f"sweep.json are in seed-<s>/, and seeds.json holds every per-seed value. Rows marked **paper** are the numbers "
         f"of {paper.SOURCE}, for comparison only (3B models trained on 350B tokens — ours are far smaller).",
         "## Setup\n\n" + "\n".join(f"- {k}: {v}" for k, v in context.items()),
         *seeds_sections(doc),
-        "## Emergence of outliers during training (across seeds)\n\n" + emergence,
+        f"## Emergence of outliers during training (across seeds){' (exploratory)' if plan(doc) else ''}\n\n" + emergence,
         *extra_sections,
     ]
     write_sections(path, parts, force)
@@ -89,6 +103,31 @@ def _setup(report: Path) -> dict[str, str]:
     return dict(line[2:].split(": ", 1) for line in lines[start:end] if line.startswith("- ") and ": " in line)
 
 
+PLAN_CHECK = "plan_check.json"  # scripts/plan_check.py's result, written into the report directory
+PLAN_CHECK_KEYS = ("recipe", "plan_commit", "plan_committed_at", "first_model_written_at", "last_model_written_at", "models", "findings", "passed")
+
+
+def read_plan_check(directory: Path, plan: str | None) -> dict | None:
+    """`directory`'s plan_check.json (the keys the report quotes), None without one; ConfigError when it is
+    unreadable, checks another recipe than the plan, or sits beside a recipe that is no plan."""
+    from quantdiff.core.errors import ConfigError
+
+    path = directory / PLAN_CHECK
+    if not path.is_file():
+        return None
+    try:
+        check = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is unreadable ({type(exc).__name__}): rerun scripts/plan_check.py") from None
+    if not isinstance(check, dict) or any(key not in check for key in PLAN_CHECK_KEYS):
+        raise ConfigError(f"{path} is not scripts/plan_check.py's output (it needs {', '.join(PLAN_CHECK_KEYS)})")
+    if plan is None:
+        raise ConfigError(f"{path} checks the plan {check['recipe']}, but the recipe given is not a confirmatory plan (recipes/confirm-*.toml, byte for byte)")
+    if check["recipe"] != plan:
+        raise ConfigError(f"{path} checks {check['recipe']}, but this report's plan is {plan}")
+    return {key: check[key] for key in PLAN_CHECK_KEYS}
+
+
 def rebuild(directory: Path, recipe_name: str | None = None) -> Path:
     """Recompute `directory`'s seeds.json and report.md (a multi-seed report quantdiff wrote) from its
     seed-<s>/stats.json and sweep.json, the emergence series of train_logs/seed-<s>/<arm>.json (else the
@@ -99,7 +138,7 @@ def rebuild(directory: Path, recipe_name: str | None = None) -> Path:
     from quantdiff.core.savedir import marked_kind
     from quantdiff.report.emergence import emergence_markdown
     from quantdiff.report.markdown import reference_name
-    from quantdiff.train.recipe import load_recipe
+    from quantdiff.train.recipe import load_recipe, plan_file
 
     if marked_kind(directory) != "report":
         raise ConfigError(f"{directory} is not a report directory quantdiff wrote: refusing to replace its seeds.json and report.md")
@@ -118,14 +157,19 @@ def rebuild(directory: Path, recipe_name: str | None = None) -> Path:
     kinds = {m["name"]: m["kind"] for m in stats[str(seeds[0])]["models"]}
     logs = {str(s): {arm: directory / "train_logs" / f"seed-{s}" / f"{arm}.json" for arm in kinds} for s in seeds}
     series = {s: {arm: read(path).get("outliers") or [] for arm, path in by_arm.items() if path.is_file()} for s, by_arm in logs.items()}
+    plan = plan_file(recipe)
+    check = read_plan_check(directory, plan)
     doc = seeds_document(recipe.name, kinds, reference_name(kinds), stats, sweeps, series,
-                         recipe.analysis.primary_metrics, recipe.analysis.primary_arms)
+                         recipe.analysis.primary_metrics, recipe.analysis.primary_arms, plan)
+    if check is not None:
+        doc["primary"]["plan_check"] = check
     if not doc["emergence"]:
         doc["emergence"] = old.get("emergence", {})
     write_json(directory / "seeds.json", doc, indent=1)
     context = _setup(directory / "report.md") | {
         "statistics": f"recomputed from the per-seed JSON by `python -m quantdiff.jobs.reproduce_seeds {directory}` (nothing retrained or re-measured)"}
-    write_seeds_report(directory / "report.md", doc, context, emergence_markdown(doc["emergence"], len(seeds)), [], force=True)
+    write_seeds_report(directory / "report.md", doc, context, emergence_markdown(doc["emergence"], len(seeds)), [], force=True,
+                       granularity=recipe.analysis.granularity)
     return directory / "report.md"
 
 

@@ -3,15 +3,17 @@
 Every summary is written as `mean [low, high]` (the 95% interval of across_seeds.intervals; a ratio's mean is
 geometric and written with ×); one seed gives the value alone. The primary comparisons the recipe named come
 first, with their Holm-adjusted p (Holm 1979) and a verdict worded by it; every other p is unadjusted and
-labelled exploratory. The same sections render a published multi-seed document beside what a report measured
-live on one shipped seed (`live_beside_published`).
+labelled exploratory. When the recipe is a confirmatory plan (the document's `primary.plan`), that family is
+titled "Confirmatory family", with the plan's commit and the findings of scripts/plan_check.py where the report
+directory holds them, and every other section is labelled exploratory. The same sections render a published
+multi-seed document beside what a report measured live on one shipped seed (`live_beside_published`).
 """
 
 from __future__ import annotations
 
 import quantdiff.report.paper as paper
-from quantdiff.across_seeds.metrics import (BOS_RATIO, MODEL_METRICS, SINK_MASS, SINK_SCORE, TOP1_HIDDEN, TOP1_HIDDEN_RELATIVE, TOP1_LOGITS,
-                                            TOP1_LOGITS_RELATIVE)
+from quantdiff.across_seeds.metrics import (BOS_RATIO, CHANGE_PREFIX, KURTOSIS_HIDDEN, KURTOSIS_LOGITS, MODEL_METRICS, SINK_LOGIT_MASS, SINK_MASS, SINK_MIN,
+                                            SINK_SCORE, TOP1_HIDDEN, TOP1_HIDDEN_RELATIVE, TOP1_LOGITS, TOP1_LOGITS_PER_MAP, TOP1_LOGITS_RELATIVE)
 from quantdiff.report.markdown import md_table
 from quantdiff.report.numbers import MISSING
 
@@ -41,11 +43,23 @@ def _share(entry: dict) -> str:
     return f"{entry['k']} of {entry['n']} ({entry['share']:.0%} [{entry['low']:.0%}, {entry['high']:.0%}])"
 
 
+def plan(doc: dict) -> str | None:
+    """The confirmatory plan the document's recipe is (`recipes/confirm-<name>.toml`), None: not a plan."""
+    return doc["primary"].get("plan")  # documents written before plans lack the key
+
+
+def _summary(doc: dict, key: str, arm: str) -> dict:
+    """One arm's summary of a metric; {} where the document has none (one written before the metric existed)."""
+    return doc["metrics"].get(key, {}).get("arms", {}).get(arm, {})
+
+
 def method_markdown(doc: dict) -> str:
     """How the intervals and p-values were made, over which seeds, and which comparisons are primary."""
     seeds, method, n = ", ".join(map(str, doc["seeds"])), doc["method"], len(doc["seeds"])
     primary = doc["primary"]
-    family = (f"**Primary comparisons**, as the recipe names them (`[analysis] primary_metrics` × `primary_arms`): "
+    named = (f"**The confirmatory family**, as the plan `{plan(doc)}` named it before any of its models trained"
+             if plan(doc) else "**Primary comparisons**, as the recipe names them")
+    family = (f"{named} (`[analysis] primary_metrics` × `primary_arms`): "
               f"{', '.join(f'`{a}`' for a in primary['arms'])} against `{doc['reference']}` on {', '.join(f'`{m}`' for m in primary['metrics'])} "
               f"({len(primary['comparisons'])} comparisons), corrected by {primary['correction']}, at family-wise α = {primary['alpha']:g}. "
               "Every other p in this report is unadjusted and **exploratory**: it suggests, it does not establish."
@@ -56,6 +70,22 @@ def method_markdown(doc: dict) -> str:
             f"{method['resamples']:,} random ones (numpy seed {method['resample_seed']}) above; here: {method['sign_flip']}, "
             f"so its smallest possible p is {2 / 2 ** n if n <= method['exact_up_to'] else 1 / (method['resamples'] + 1):.2g}.\n\n{family}\n\n"
             "Per-seed values: `seeds.json` (`metrics.<key>.arms.<arm>.per_seed`).")
+
+
+def plan_markdown(doc: dict) -> str:
+    """The plan a confirmatory family comes from: its file, its commit and what scripts/plan_check.py found."""
+    check = doc["primary"].get("plan_check")
+    if check is None:
+        return (f"The plan: `{plan(doc)}`. Not checked against the trained run in this report: `python scripts/plan_check.py "
+                f"{plan(doc)} <run directory> --out <this directory>/plan_check.json`, then rebuild this report "
+                "(`python -m quantdiff.jobs.reproduce_seeds <this directory>`).")
+    lines = [f"The plan: `{check['recipe']}`, committed in {check['plan_commit']} ({check['plan_committed_at']}). "
+             f"scripts/plan_check.py on the run's {check['models']} models (written {check['first_model_written_at']} to "
+             f"{check['last_model_written_at']}), `plan_check.json`:", ""]
+    lines += [f"- {'ok' if ok else '**failed**'}: {finding}" for finding, ok in check["findings"].items()]
+    if not check["passed"]:
+        lines += ["", "**The plan check failed: until that is explained, this family is not confirmatory evidence.**"]
+    return "\n".join(lines)
 
 
 def primary_markdown(doc: dict) -> str:
@@ -77,71 +107,83 @@ def primary_markdown(doc: dict) -> str:
                      pair["test"], _p(item["p"]), _p(item["holm_p"]), verdict])
     header = ["metric", "comparison", "mean [95% CI]", f"seeds: {reference} higher / arm higher / equal", "test", "p", "Holm p",
               f"at family-wise α = {primary['alpha']:g}"]
-    return md_table(header, rows)
+    untested = sum(item["p"] is None for item in primary["comparisons"])
+    note = f"\n\n{untested} of the {len(primary['comparisons'])} comparisons untested: each counts in Holm's correction as p = 1." if untested else ""
+    return md_table(header, rows) + note
 
 
 def table5_markdown(doc: dict) -> str:
-    """Top-1 |attention logit| and |hidden state| per arm across seeds, each also over its median (geometric
-    mean), the paper's 3B values below."""
-    metrics = doc["metrics"]
-    columns = (TOP1_LOGITS, TOP1_HIDDEN, TOP1_LOGITS_RELATIVE, TOP1_HIDDEN_RELATIVE)
-    rows = [[arm, kind, *(interval(metrics[m.key]["arms"][arm], times=m.log) for m in columns)] for arm, kind in doc["arms"].items()]
-    rows += [[f"paper (3B) {name}", kind, *(f"{paper.TABLE5[kind][block][0]:g}" for block in ("attention_logits", "hidden_states")), MISSING, MISSING]
-             for kind, name in (("standard", "Transformer"), ("diff", "DIFF"))]
+    """Top-1 |attention logit| (overall and per softmax map) and |hidden state| per arm across seeds, then the
+    scale-free measures (each Top-1 over its median, the kurtosis of |x|: geometric means), the paper's 3B values
+    below."""
+    columns = (TOP1_LOGITS, TOP1_LOGITS_PER_MAP, TOP1_HIDDEN, TOP1_LOGITS_RELATIVE, TOP1_HIDDEN_RELATIVE, KURTOSIS_LOGITS, KURTOSIS_HIDDEN)
+    rows = [[arm, kind, *(interval(_summary(doc, m.key, arm), times=m.log) for m in columns)] for arm, kind in doc["arms"].items()]
+    rows += [[f"paper (3B) {name}", kind, f"{paper.TABLE5[kind]['attention_logits'][0]:g}", MISSING, f"{paper.TABLE5[kind]['hidden_states'][0]:g}",
+              *[MISSING] * 4] for kind, name in (("standard", "Transformer"), ("diff", "DIFF"))]
     header = ["arm", "kind", *(f"{m.label}: {'geometric mean' if m.log else 'mean'} [95% CI]" for m in columns)]
     return md_table(header, rows)
 
 
 def sinks_markdown(doc: dict) -> str:
-    """Sink score, sink mass, the share of seeds with a sink head (with the exact McNemar test against the
-    reference), and the BOS peak ÷ median per arm across seeds (all exploratory)."""
-    metrics = doc["metrics"]
+    """Sink score, sink mass (largest and smallest head), the share of seeds with a sink head (with the exact
+    McNemar test against the reference), the BOS peak ÷ median, and, where an arm has a sink logit, the mass it
+    absorbs, per arm across seeds (all exploratory)."""
+    absorbed = any(_summary(doc, SINK_LOGIT_MASS.key, arm).get("n") for arm in doc["arms"])  # the sink kind only
     rows = []
     for arm in doc["arms"]:
         entry = doc["sink_share"][arm]
         test = entry.get("mcnemar")
         mcnemar = MISSING if test is None else f"{test['reference_only']} / {test['other_only']}, p {_p(test['p'])}"
-        rows.append([arm, interval(metrics[SINK_SCORE.key]["arms"][arm]), interval(metrics[SINK_MASS.key]["arms"][arm]), _share(entry), mcnemar,
-                     interval(metrics[BOS_RATIO.key]["arms"][arm], times=True)])
+        rows.append([arm, interval(_summary(doc, SINK_SCORE.key, arm)), interval(_summary(doc, SINK_MASS.key, arm)),
+                     interval(_summary(doc, SINK_MIN.key, arm)), _share(entry), mcnemar, interval(_summary(doc, BOS_RATIO.key, arm), times=True),
+                     *([interval(_summary(doc, SINK_LOGIT_MASS.key, arm))] if absorbed else [])])
     header = ["arm", "sink score: mean [95% CI]", "sink mass (largest head's mean attention on position 0): mean [95% CI]",
+              "smallest head's mean attention on position 0 (Diff: combined map, can be negative): mean [95% CI]",
               "seeds with a sink head (share [95% CI])", f"sink head in {doc['reference']} only / arm only: exact McNemar p",
-              "BOS peak ÷ median: geometric mean [95% CI]"]
+              "BOS peak ÷ median: geometric mean [95% CI]",
+              *(["mass the sink logit absorbs (largest head's share of the softmax denominator, given to no key): mean [95% CI]"] if absorbed else [])]
     return md_table(header, rows)
 
 
-def _paired_row(metric: dict, arm: str, reference: str) -> list[str]:
+def _paired_row(metric: dict, arm: str, reference: str, primary: str) -> list[str]:
     pair = metric["paired"][arm]
     ratio = metric["comparison"] == "reference ÷ arm"
     what = f"{reference} ÷ {arm}" if ratio else f"{arm} − {reference}"
     per_seed = ", ".join(_g(v) for v in pair["per_seed"].values())
-    family = f"primary (Holm p {_p(pair['holm_p'])})" if pair["family"] == "primary" else "exploratory"
+    family = f"{primary} (Holm p {_p(pair['holm_p'])})" if pair["family"] == "primary" else "exploratory"
     return [metric["label"], what, interval(pair, times=ratio), f"{pair['reference_higher']} / {pair['other_higher']} / {pair['equal']}",
             pair["test"], _p(pair["p"]), family, per_seed]
 
 
 def paired_markdown(doc: dict, lowest_bits_only: bool = True) -> str:
-    """Each arm against the reference, seed by seed: the Table-5 and sink metrics, and the sweep cells (only
-    those at the lowest bit width of each site and method unless `lowest_bits_only` is off)."""
+    """Each arm against the reference, seed by seed: the Table-5 and sink metrics, the sweep cells (only those at
+    the lowest bit width of each site and method unless `lowest_bits_only` is off), and the quantized-minus-
+    unquantized changes a recipe's family names."""
     reference, metrics = doc["reference"], doc["metrics"]
     if reference is None:
         return "No reference arm (none named `standard` or of kind standard): no paired comparisons."
-    keys = [m.key for m in MODEL_METRICS]
-    cells = {key: block["cell"] for key, block in metrics.items() if block.get("cell") and block["cell"]["bits"] is not None}
+    keys = [m.key for m in MODEL_METRICS if m.key in metrics]
+    cells = {key: block["cell"] for key, block in metrics.items()
+             if block.get("cell") and block["cell"]["bits"] is not None and not key.startswith(CHANGE_PREFIX)}
     lowest = {}
     for key, cell in cells.items():
         group = (cell["task"], cell["site"], cell["method"])
         if group not in lowest or cell["bits"] < cells[lowest[group]]["bits"]:
             lowest[group] = key
     keys += list(lowest.values()) if lowest_bits_only else list(cells)
-    rows = [_paired_row(metrics[key], arm, reference) for key in keys for arm in doc["arms"] if arm in metrics[key].get("paired", {})]
+    keys += [key for key in metrics if key.startswith(CHANGE_PREFIX)]
+    primary = "confirmatory" if plan(doc) else "primary"
+    rows = [_paired_row(metrics[key], arm, reference, primary) for key in keys for arm in doc["arms"]
+            if metrics[key].get("paired", {}).get(arm, {}).get("n")]  # none where no seed measured both (the sink logit's mass)
     header = ["metric", "comparison", "mean [95% CI]", f"seeds: {reference} higher / arm higher / equal", "test", "p (unadjusted)", "family", "per seed"]
     return md_table(header, rows)
 
 
 def sweep_markdown(doc: dict) -> str:
-    """One table per (task, site): rows arm × method, columns the unquantized model and each bit width."""
+    """One table per (task, site): rows arm × method, columns the unquantized model and each bit width; then,
+    where the recipe's family names them, each arm's quantized − unquantized changes."""
     metrics = doc["metrics"]
-    cells = [(key, block) for key, block in metrics.items() if block.get("cell")]
+    cells = [(key, block) for key, block in metrics.items() if block.get("cell") and not key.startswith(CHANGE_PREFIX)]
     out = []
     for task, site in dict.fromkeys((b["cell"]["task"], b["cell"]["site"]) for _, b in cells if b["cell"]["bits"] is not None):
         quantized = [(k, b) for k, b in cells if (b["cell"]["task"], b["cell"]["site"]) == (task, site) and b["cell"]["bits"] is not None]
@@ -155,19 +197,33 @@ def sweep_markdown(doc: dict) -> str:
                              *[interval(by_bits.get(b, {})) for b in bits]])
         metric = quantized[0][1]["label"].split(",")[0]
         out.append(f"### {metric} at site `{site}`: mean [95% CI]\n\n" + md_table(["arm", "method", "unquantized", *[f"{b}-bit" for b in bits]], rows))
+    changes = [block for key, block in metrics.items() if key.startswith(CHANGE_PREFIX)]
+    if changes:
+        rows = [[arm, *(interval(block["arms"].get(arm, {})) for block in changes)] for arm in doc["arms"]]
+        out.append("### Quantized − unquantized, each model against itself: mean [95% CI]\n\n"
+                   + md_table(["arm", *(f"{block['label']}: mean [95% CI]" for block in changes)], rows))
     return "\n\n".join(out)
 
 
 def seeds_sections(doc: dict, label: str = "") -> list[str]:
     """The across-seed sections (with their headings; `label` is added to each heading, e.g. a published source)."""
     tag = f" ({label})" if label else ""
+    if plan(doc):  # the plan's family alone is confirmatory: every other section says it is not
+        family = (f"## Confirmatory family: the plan's comparisons with `{doc['reference']}`, Holm-corrected{tag}\n\n" + plan_markdown(doc)
+                  + "\n\n" + primary_markdown(doc) + "\n\nEverything else in this report is **exploratory**: uncorrected, "
+                  "and no claim rests on it alone.")
+        explored = " (exploratory)"
+    else:
+        family = f"## Primary comparisons with `{doc['reference']}`, Holm-corrected{tag}\n\n" + primary_markdown(doc)
+        explored = ""
     return [
         f"## Across seeds: method{tag}\n\n" + method_markdown(doc),
-        f"## Primary comparisons with `{doc['reference']}`, Holm-corrected{tag}\n\n" + primary_markdown(doc),
-        f"## Largest activation values across seeds (the paper's Table 5, Top-1){tag}\n\n" + table5_markdown(doc),
+        family,
+        f"## Largest activation values across seeds (the paper's Table 5, Top-1){explored}{tag}\n\n" + table5_markdown(doc),
         f"## Attention sinks and the BOS peak across seeds (exploratory){tag}\n\n" + sinks_markdown(doc),
-        f"## Paired comparisons with `{doc['reference']}`{tag}\n\n" + paired_markdown(doc),
-        f"## Accuracy with quantization across seeds (the paper's Figure 8){tag}\n\n" + sweep_markdown(doc),
+        f"## Paired comparisons with `{doc['reference']}`{' (exploratory but for the confirmatory rows)' if explored else ''}{tag}\n\n"
+        + paired_markdown(doc),
+        f"## Accuracy with quantization across seeds (the paper's Figure 8){explored}{tag}\n\n" + sweep_markdown(doc),
     ]
 
 

@@ -109,6 +109,8 @@ def sink_line(name: str, sinks: dict) -> str:
     return (
         f"{name}: attention sinks: {sinks['score']:.0%} of {sinks['heads_scored']} {heads} put more than "
         f"{sinks['epsilon']:g} of their attention on the first position (mean {sinks['mean']:.3f}, max {sinks['max']:.3f})"
+        + ("" if "sink_logit" not in sinks else f"; the sink logits absorb {sinks['sink_logit']['mean']:.3f} of the attention "
+           f"(mean over heads; max {sinks['sink_logit']['max']:.3f})")
     )
 
 

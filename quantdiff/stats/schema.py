@@ -17,7 +17,10 @@
         "sinks": {"epsilon", "per_head": [[mass]] (layer × head: mean attention on position 0 over valid query rows),
                   "mean", "max", "score" (share of heads above epsilon), "heads_scored",
                   Diff only: "per_map": {"1", "2"}: [[mass]], "combined": [[(A1 − λ·A2)/(1 − λ)]], "lambdas",
-                  "lambda_per_token" (DIFF V2: each query row combined with its own λ; "lambdas" is null)}}]}
+                  "lambda_per_token" (DIFF V2: each query row combined with its own λ; "lambdas" is null),
+                  a sink logit per head only (GPT-OSS, the sink kind): "sink_logit": {"per_head": [[share]] (layer ×
+                  head: mean over valid query rows of exp(s)/(exp(s) + Σ exp(ℓ)), the attention given to no key),
+                  "mean", "max"}}}]}
     BLOCK = {"count", "nonfinite": {"nan", "inf"}, "max", "median", "quantiles": {"0.5": …, "0.99": …},
              "mean", "std", "kurtosis", "topk": [{"value", "layer", "head", "sequence", "query", "key", "map"?}
                                                  | {"value", "layer", "sequence", "position", "channel"}]}

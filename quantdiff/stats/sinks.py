@@ -8,7 +8,9 @@ position 0 (−∞ for a row that cannot see it: a sliding window, padding); the
 call has returned, the attention mass on position 0 is exp(x0 − m) / s: the true probability,
 the sink's share left out of it as the model leaves it out of its output. Per (layer, head) it
 accumulates the sum of that mass over valid query rows (padding excluded), in fixed point (units of 2⁻³²,
-int64), and their count: integer sums merge exactly in any order, across batches and processes.
+int64), and their count: integer sums merge exactly in any order, across batches and processes. A model with a
+sink logit s per head also gets the share of each row's denominator the sink absorbs, exp(s − m) / s_row (the
+attention the row gives no key; its masses on the keys add up to 1 minus it), summed the same way.
 
 Score (Gu et al., "When Attention Sink Emerges in Language Models"): the share of heads whose mean mass
 on the first position exceeds ε = 0.3. For differential attention the two maps of a head (DiffLlama: head i
@@ -42,7 +44,10 @@ class SinkStats:
     pairing: str | None = None  # how heads pair into maps (models.structure.map_heads); None: standard attention
     # λ per token (DIFF V2): (layers, heads / 2) int64 sums of each valid row's combined mass, fixed point
     combined_mass: torch.Tensor | None = None
+    # a sink logit per head (GPT-OSS, the sink kind): (layers, heads) int64 sums of each valid row's absorbed share
+    sink_logit_mass: torch.Tensor | None = None
     _rows: dict[int, SoftmaxRows] = field(default_factory=dict, repr=False)  # layer -> its call's softmax rows
+    _sinks: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # layer -> its sink logits (H,)
     _lambda: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # layer -> λ (B, T, heads / 2)
 
     @classmethod
@@ -65,6 +70,8 @@ class SinkStats:
         1 − its sink's mass."""
         if ctx.k_start == 0:  # the first tile of a layer's call; the backend writes the state in place
             self._rows[ctx.layer_idx] = ctx.rows
+            if ctx.sinks is not None:
+                self._sinks[ctx.layer_idx] = ctx.sinks
 
     def end_batch(self, row_mask: torch.Tensor | None) -> None:
         """Turn each layer's row state into first-position mass; `row_mask` (B, T) bool marks real tokens."""
@@ -77,8 +84,14 @@ class SinkStats:
             self.rows[layer] += keep.sum(dim=(0, 2)).cpu()
             if self.combined_mass is not None:
                 self._combine_rows(layer, mass, keep)
+            if layer in self._sinks:  # the sink logit started every row's max and sum (backend), so this is its share
+                absorbed = torch.exp(self._sinks[layer].view(1, -1, 1) - m) / s.clamp_min(torch.finfo(torch.float32).tiny)
+                if self.sink_logit_mass is None:
+                    self.sink_logit_mass = torch.zeros_like(self.mass)
+                self.sink_logit_mass[layer] += (torch.where(keep, absorbed, 0.0).double().sum(dim=(0, 2)) * FIXED_POINT).round().to(torch.int64).cpu()
         self._rows.clear()
         self._lambda.clear()
+        self._sinks.clear()
 
     def _combine_rows(self, layer: int, mass: torch.Tensor, keep: torch.Tensor) -> None:
         """Add each valid row's (a1 − λ·a2)/(1 − λ) of first-position masses, with that row's λ, per pair."""
@@ -95,26 +108,35 @@ class SinkStats:
         self.rows += other.rows
         if self.combined_mass is not None:
             self.combined_mass += other.combined_mass
+        if other.sink_logit_mass is not None:  # a part that saw no batch has none yet
+            self.sink_logit_mass = other.sink_logit_mass.clone() if self.sink_logit_mass is None else self.sink_logit_mass + other.sink_logit_mass
         return self
 
     def to_dict(self) -> dict:
         combined = None if self.combined_mass is None else self.combined_mass.tolist()
-        return {"mass": self.mass.tolist(), "rows": self.rows.tolist(), "lambdas": self.lambdas, "pairing": self.pairing, "combined_mass": combined}
+        sink_logit = None if self.sink_logit_mass is None else self.sink_logit_mass.tolist()
+        return {"mass": self.mass.tolist(), "rows": self.rows.tolist(), "lambdas": self.lambdas, "pairing": self.pairing, "combined_mass": combined,
+                "sink_logit_mass": sink_logit}
 
     @classmethod
     def from_dict(cls, data: dict) -> SinkStats:
         as_tensor = lambda v: None if v is None else torch.tensor(v, dtype=torch.int64)  # noqa: E731
         pairing = data.get("pairing", "halves" if data["lambdas"] is not None else None)  # dumps from before DIFF V2
-        return cls(as_tensor(data["mass"]), as_tensor(data["rows"]), data["lambdas"], pairing, as_tensor(data.get("combined_mass")))
+        return cls(as_tensor(data["mass"]), as_tensor(data["rows"]), data["lambdas"], pairing, as_tensor(data.get("combined_mass")),
+                   as_tensor(data.get("sink_logit_mass")))
 
     def per_head(self) -> torch.Tensor:
         """(layers, heads) mean attention mass on the first position."""
         return self.mass.double() / FIXED_POINT / self.rows.clamp_min(1).double()
 
     def summary(self, epsilon: float = SINK_EPSILON) -> dict:
-        """JSON-ready: per-(layer, head) mass, its mean, and the share of heads above ε (Diff: combined maps)."""
+        """JSON-ready: per-(layer, head) mass, its mean, and the share of heads above ε (Diff: combined maps); with
+        a sink logit per head, `sink_logit`: each head's mean share of the rows' denominators it absorbs."""
         per_head = self.per_head()
         out = {"epsilon": epsilon, "per_head": per_head.tolist()}
+        if self.sink_logit_mass is not None:
+            absorbed = self.sink_logit_mass.double() / FIXED_POINT / self.rows.clamp_min(1).double()
+            out["sink_logit"] = {"per_head": absorbed.tolist(), "mean": float(absorbed.mean()), "max": float(absorbed.max())}
         if self.pairing is not None:
             first, second = map_heads(per_head.shape[1], self.pairing)
             if self.combined_mass is not None:  # λ per token: the mean of the rows' combined masses

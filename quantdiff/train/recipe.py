@@ -183,6 +183,19 @@ class Recipe:
         return self.data.corpus_names == (bigram_backcopy.NAME,)
 
 
+PLAN_PREFIX = "confirm-"  # recipes/confirm-*.toml: confirmatory plans, committed before any training of their run
+
+
+def plan_file(recipe: Recipe) -> str | None:
+    """`recipes/<name>.toml` when the recipe is, byte for byte, one of the repository's confirmatory plans
+    (recipes/confirm-*.toml; its primary family is then the plan's, fixed before the run), else None: a copy
+    changed by a single byte, or by a `--set`, is no longer the plan, and its family is exploratory."""
+    for path in sorted(REPO_RECIPES.glob(PLAN_PREFIX + "*.toml")):
+        if path.read_text(encoding="utf-8") == recipe.source:
+            return f"{REPO_RECIPES.name}/{path.name}"
+    return None
+
+
 SECTIONS = {"data": DataConfig, "train": TrainConfig, "tasks": TasksConfig, "analysis": AnalysisConfig}
 
 

@@ -7,7 +7,9 @@ or this user's cache lives, not a result. Both runs compute on the kernels train
 AMD CPU takes MKL's AUTO branch), so there is one set per vendor: `GenuineIntel/` written at commit cc901eb on the
 machine of that round (its vendor was not recorded; CI's machine agreed with it and an AMD EPYC does not),
 `AuthenticAMD/` written on an AMD EPYC by the same statistics code (commit 0d0f650's, identical to cc901eb's on the
-first machine). A vendor without a set is skipped, naming the command that writes one.
+first machine). `AuthenticAMD/bb.json.gz` was rewritten when the sink-logit mass was added (ADDED below): the
+document it replaced equals the new one with that block taken out, byte for byte. A vendor without a set is
+skipped, naming the command that writes one.
 
 Rewrite them deliberately, after a change meant to alter statistics, from the repository root:
 `python tests/test_stats_reference.py [case …]` (this CPU vendor's set).
@@ -36,6 +38,10 @@ CASES = {
 }
 COMMON = ["--top-k", "8", "--no-compile", "--quiet"]
 PATH_LINE = re.compile(rb'^( *"path": )".*"(,?)$', re.MULTILINE)
+# Statistics added after a vendor's set was written (each a JSON object on its own lines): where that set's
+# document lacks one, it is taken out of the written document before the comparison; a set that has it (written
+# since) compares it too. Adding a statistic moves no bit of the others, which is what the comparison is for.
+ADDED = ("sink_logit",)  # the mass a sink-logit head's learned logit absorbs (issue 43)
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,6 +59,14 @@ def _normalised(document: bytes) -> bytes:
     return PATH_LINE.sub(rb'\1"<path>"\2', document)
 
 
+def _without_additions(written: bytes, reference: bytes) -> bytes:
+    """`written` less the ADDED statistics that `reference` predates."""
+    for key in ADDED:
+        if f'"{key}": '.encode() not in reference:
+            written = re.sub(rb'\n( *)"' + key.encode() + rb'": \{\n.*?\n\1\},?(?=\n)', b"", written, flags=re.S)
+    return written
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_stats_json_is_byte_identical_to_reference(case, tmp_path):
@@ -60,7 +74,7 @@ def test_stats_json_is_byte_identical_to_reference(case, tmp_path):
         pytest.skip(f"no reference documents for {REFERENCES.name} CPUs: write them with python tests/test_stats_reference.py")
     written = _write(case, tmp_path / f"{case}.json")
     reference = gzip.decompress((REFERENCES / f"{case}.json.gz").read_bytes())
-    assert _normalised(written) == _normalised(reference)
+    assert _normalised(_without_additions(written, reference)) == _normalised(reference)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,11 @@ reproduce: setup
 # minutes-long end-to-end tests do not leave a core idle at the end. (loadgroup, which would keep the tests of a
 # module-scoped fixture on one worker, does nothing under pytest 9: xdist 3.8 renames item._nodeid, which pytest 9
 # no longer reads.)
+# Bytecode caching on, whatever the shell says (PYTHONDONTWRITEBYTECODE=1 makes each of the suite's ~45 fresh
+# processes compile quantdiff's modules again, ~1.3 s of CPU each, and pytest rewrite every test module's asserts
+# again in each process); the caches go to __pycache__/, which git ignores.
 test: setup
-	.venv/bin/python -m pytest -q -n auto --dist worksteal --basetemp=/tmp/quantdiff-tests-$$(id -u)
+	env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q -n auto --dist worksteal --basetemp=/tmp/quantdiff-tests-$$(id -u)
 
 # Re-resolve the lock to the newest releases, reinstall, run the suite and the tested-range check (scripts/lock.sh).
 lock:

@@ -58,7 +58,8 @@ def gemma3_dir():
 # Modules whose tests share one expensive module fixture run first. pytest-xdist's worksteal hands each worker a
 # contiguous block of the list and steals from the blocks' ends, so the front stays together on one worker:
 # split across two, the second worker would wait on the first's measurement (tests/once.py) with its core idle.
-SHARED_FIXTURE_MODULES = ("test_real_model.py", "test_gemma3.py", "test_gguf.py")  # a measurement; two GGUF readers (~25 s each)
+SHARED_FIXTURE_MODULES = (  # a measurement; two GGUF readers (~25 s each); one process for three stats documents
+    "test_real_model.py", "test_gemma3.py", "test_gguf.py", "test_stats_reference.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -3,7 +3,7 @@
 Each document is what `quantdiff stats` wrote (its --json, gzipped) before the speed work: that work must not move
 a single bit of any statistic. Only each model's "path" is normalised before comparing: it is where this checkout
 or this user's cache lives, not a result. Both runs compute on the kernels training pins (AVX2, MKL_CBWR=AVX2) and
-2 threads, in a fresh process. MKL's code path still follows the CPU's vendor (its AVX2 branch is Intel's only; an
+2 threads, in a fresh process (here one for the three cases). MKL's code path still follows the CPU's vendor (its AVX2 branch is Intel's only; an
 AMD CPU takes MKL's AUTO branch), so there is one set per vendor: `GenuineIntel/` written at commit cc901eb on the
 machine of that round (its vendor was not recorded; CI's machine agreed with it and an AMD EPYC does not),
 `AuthenticAMD/` written on an AMD EPYC by the same statistics code (commit 0d0f650's, identical to cc901eb's on the
@@ -18,6 +18,7 @@ Rewrite them deliberately, after a change meant to alter statistics, from the re
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import re
 import subprocess
@@ -47,12 +48,33 @@ ADDED = ("sink_logit",)  # the mass a sink-logit head's learned logit absorbs (i
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _write(case: str, out: Path) -> bytes:
+# One fresh process writes every case's document, one `quantdiff stats` after another: a process per case would
+# import torch and transformers three times for ~5 s of statistics each.
+DRIVER = """
+import json, sys
+from quantdiff.cli.app import main
+for argv in json.loads(sys.argv[1]):
+    try:
+        main(argv)
+    except SystemExit as stop:
+        if stop.code:
+            raise
+"""
+
+
+def _write(cases: list[str], out: Path) -> dict[str, bytes]:
+    """{case: the document `quantdiff stats` wrote}, all written by one pinned process (out: a directory)."""
     env = {**os.environ, **ENVIRONMENT, "OMP_NUM_THREADS": "2"}  # read by ATen and MKL as the process starts
-    command = [sys.executable, "-m", "quantdiff", "stats", *CASES[case], *COMMON, "--json", str(out)]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    argvs = [["stats", *CASES[case], *COMMON, "--json", str(out / f"{case}.json")] for case in cases]
+    result = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(argvs)], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=1200)
     assert result.returncode == 0, result.stderr[-2000:]
-    return out.read_bytes()
+    return {case: (out / f"{case}.json").read_bytes() for case in cases}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict[str, bytes]:
+    return _write(sorted(CASES), tmp_path_factory.mktemp("stats_reference"))
 
 
 def _normalised(document: bytes) -> bytes:
@@ -69,12 +91,11 @@ def _without_additions(written: bytes, reference: bytes) -> bytes:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_stats_json_is_byte_identical_to_reference(case, tmp_path):
+def test_stats_json_is_byte_identical_to_reference(case, written):
     if not REFERENCES.is_dir():
         pytest.skip(f"no reference documents for {REFERENCES.name} CPUs: write them with python tests/test_stats_reference.py")
-    written = _write(case, tmp_path / f"{case}.json")
     reference = gzip.decompress((REFERENCES / f"{case}.json.gz").read_bytes())
-    assert _normalised(_without_additions(written, reference)) == _normalised(reference)
+    assert _normalised(_without_additions(written[case], reference)) == _normalised(reference)
 
 
 if __name__ == "__main__":
@@ -82,6 +103,5 @@ if __name__ == "__main__":
 
     REFERENCES.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
-        for name in sys.argv[1:] or sorted(CASES):
-            document = _write(name, Path(scratch) / f"{name}.json")
+        for name, document in _write(sys.argv[1:] or sorted(CASES), Path(scratch)).items():
             (REFERENCES / f"{name}.json.gz").write_bytes(gzip.compress(document, mtime=0))

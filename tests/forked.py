@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,8 +33,11 @@ def _server():
     return _context
 
 
-def _child(argv: list[str] | None, code: str | None, cwd: str, env: dict[str, str], out: str, err: str, args: list[str]) -> None:
+def _child(argv: list[str] | None, code: str | None, cwd: str, env: dict[str, str], out: str, err: str, args: list[str],
+           default_sigint: bool) -> None:
     """The child's body: `python -m quantdiff ARGV` or `python -c CODE ARGS`, as the interpreter would run it."""
+    if default_sigint:  # what a fresh interpreter installs when its parent left SIGINT at its default
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -96,33 +100,37 @@ class Child:
         os.kill(self.pid, signum)
 
     def wait(self, timeout: float = 600) -> subprocess.CompletedProcess:
-        """Its exit status and whole output (killed on timeout); the captured files are removed."""
+        """Its exit status, its stdout after the lines `readline` returned, and its stderr, as Popen.communicate
+        gives them (killed on timeout); the captured files are removed."""
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
             self._directory.cleanup()
             raise subprocess.TimeoutExpired(self.command, timeout)
-        done = subprocess.CompletedProcess(self.command, self.process.exitcode, self.out.read_text(errors="replace"),
+        done = subprocess.CompletedProcess(self.command, self.process.exitcode, self.out.read_text(errors="replace")[self._read:],
                                            self.err.read_text(errors="replace"))
         self._directory.cleanup()
         return done
 
 
-def start(argv: list[str] | None = None, code: str | None = None, *, cwd: Path, env: dict[str, str], args: list[str] = ()) -> Child:
-    """Start `quantdiff ARGV` (argv) or `python -c CODE ARGS` (code) in a fresh forked process."""
+def start(argv: list[str] | None = None, code: str | None = None, *, cwd: Path, env: dict[str, str], args: list[str] = (),
+          default_sigint: bool = False) -> Child:
+    """Start `quantdiff ARGV` (argv) or `python -c CODE ARGS` (code) in a fresh forked process; `default_sigint`:
+    with SIGINT raising KeyboardInterrupt, as an interpreter started with SIGINT at its default has it (the
+    server's children inherit it ignored)."""
     assert (argv is None) != (code is None)
     directory = tempfile.TemporaryDirectory()
     out, err = (os.path.join(directory.name, name) for name in ("stdout", "stderr"))
     for path in (out, err):
         Path(path).touch()
-    process = _server().Process(target=_child, args=(argv, code, str(cwd), dict(env), out, err, list(args)))
+    process = _server().Process(target=_child, args=(argv, code, str(cwd), dict(env), out, err, list(args), default_sigint))
     process.start()
     return Child(process, directory, argv or code)
 
 
 def run(argv: list[str] | None = None, code: str | None = None, *, cwd: Path, env: dict[str, str], args: list[str] = (),
-        timeout: float = 600) -> subprocess.CompletedProcess:
+        default_sigint: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run `quantdiff ARGV` (argv) or `python -c CODE ARGS` (code) in a fresh forked process; the result as
     subprocess.run(capture_output=True, text=True) gives it."""
-    return start(argv, code, cwd=cwd, env=env, args=args).wait(timeout)
+    return start(argv, code, cwd=cwd, env=env, args=args, default_sigint=default_sigint).wait(timeout)

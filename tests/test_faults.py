@@ -426,16 +426,24 @@ def test_a_signal_gives_its_exit_code_one_line_and_no_output(tmp_path, point, si
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
     args = ["stats", str(src), "--tokens", "512", "--batch-size", "1", "--seq-len", "64", "--quiet",
             "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path / "plots")]
-    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_DRIVER, point, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_sigint)
-    try:
-        assert proc.stdout.readline().strip() == "READY"
-        proc.send_signal(signum)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    if point == "import":  # torch must not have been imported: a fresh interpreter
+        proc = subprocess.Popen([sys.executable, "-c", SIGNAL_DRIVER, point, *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_sigint)
+        try:
+            assert proc.stdout.readline().strip() == "READY"
+            proc.send_signal(signum)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        returncode = proc.returncode
+    else:  # mid-run: a process of its own, forked from one that has imported quantdiff (tests/forked.py)
+        child = forked.start(code=SIGNAL_DRIVER, args=[point, *args], cwd=ROOT, env=env, default_sigint=True)
+        assert child.readline().strip() == "READY"
+        child.send_signal(signum)
+        done = child.wait(timeout=120)
+        out, err, returncode = done.stdout, done.stderr, done.returncode
     name = signal.Signals(signum).name
-    assert proc.returncode == 128 + signum, (proc.returncode, err)
+    assert returncode == 128 + signum, (returncode, err)
     assert out == "" and err.splitlines() == [f"error: {'interrupted' if name == 'SIGINT' else 'terminated'} by {name}"], err
     assert tree_hashes(tmp_path) == before  # no JSON, no plots, no temporaries; the source untouched
 
@@ -491,8 +499,12 @@ def test_a_signal_after_the_last_write_is_one_line_or_none_never_a_kill(tmp_path
     own status (0); the outputs are whole either way."""
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
     args = ["stats", str(SOURCE), "--tokens", "128", "--quiet", "--json", str(tmp_path / "s.json")]
-    proc = subprocess.run([sys.executable, "-c", LATE_SIGNAL_DRIVER, point, str(int(signum)), *args], capture_output=True,
-                          text=True, env=env, timeout=300, preexec_fn=_default_sigint)
+    if point == "exited":  # the interpreter's own exit is the window: a fresh interpreter
+        proc = subprocess.run([sys.executable, "-c", LATE_SIGNAL_DRIVER, point, str(int(signum)), *args], capture_output=True,
+                              text=True, env=env, timeout=300, preexec_fn=_default_sigint)
+    else:  # inside main: a process of its own, forked from one that has imported quantdiff (tests/forked.py)
+        proc = forked.run(code=LATE_SIGNAL_DRIVER, args=[point, str(int(signum)), *args], cwd=ROOT, env=env,
+                          default_sigint=True, timeout=300)
     name = signal.Signals(signum).name
     line = f"error: {'interrupted' if name == 'SIGINT' else 'terminated'} by {name}"
     assert (proc.returncode, proc.stderr.splitlines()) == ((128 + signum, [line]) if reported else (0, [])), proc.stderr

@@ -7,7 +7,6 @@ every departure from it; and the per-map Top-1 equals a naive float64 forward of
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ import torch
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.train.recipe import load_recipe
+from tests.independent_stats import holm, sign_flip
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_BB = ROOT / "results" / "bb"
@@ -52,20 +52,6 @@ SEEDS = [0, 1, 2, 3, 4, 5]
 CHANGES = ["change/bb/linear/absmax/4", "change/bb/qk/llm-int8/4"]
 
 
-def _sign_flip(d: list[float]) -> float:
-    observed = abs(sum(d))
-    hits = sum(abs(sum(s * x for s, x in zip(signs, d))) >= observed - 1e-12 for signs in itertools.product((1, -1), repeat=len(d)))
-    return hits / 2 ** len(d)
-
-
-def _holm(p: list[float]) -> list[float]:
-    m, out, running = len(p), [0.0] * len(p), 0.0
-    for rank, i in enumerate(sorted(range(m), key=p.__getitem__)):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
-    return out
-
-
 def _changes_from_sweep(seed: int) -> dict[str, dict[str, float]]:
     """{change key: {arm: accuracy of the cell − accuracy unquantized}}, straight from seed-<s>/sweep.json."""
     cells = json.loads((RESULTS_BB / f"seed-{seed}" / "sweep.json").read_text())["cells"]
@@ -98,10 +84,10 @@ def test_change_metrics_and_their_holm_family_recompute_from_the_per_seed_json()
             pair = block["paired"][arm]
             assert list(pair["per_seed"].values()) == pytest.approx(d, abs=1e-12)
             assert pair["mean"] == pytest.approx(sum(d) / len(d), abs=1e-12) and pair["test"] == "sign-flip"
-            assert pair["p"] == pytest.approx(_sign_flip(d), rel=1e-12)
+            assert pair["p"] == pytest.approx(sign_flip(d), rel=1e-12)
             p.append(pair["p"])
     assert len(set(p)) > 1  # the family's p differ, so Holm's ordering matters below
-    adjusted = _holm(p)
+    adjusted = holm(p)
     comparisons = doc["primary"]["comparisons"]
     assert [(c["metric"], c["arm"]) for c in comparisons] == [(k, a) for k in CHANGES for a in arms]
     assert [c["holm_p"] for c in comparisons] == pytest.approx(adjusted, rel=1e-12)
@@ -298,8 +284,8 @@ def test_a_plans_report_titles_its_family_confirmatory_and_labels_the_rest_explo
     # the two untested comparisons still count in the family of 8 (as p = 1): Holm over the 6 alone would be laxer
     comparisons = doc["primary"]["comparisons"]
     assert len(comparisons) == 8 and [c["p"] is None for c in comparisons] == [False] * 6 + [True] * 2
-    assert [c["holm_p"] for c in comparisons[:6]] == pytest.approx(_holm([c["p"] for c in comparisons[:6]] + [1.0, 1.0])[:6], rel=1e-12)
-    assert [c["holm_p"] for c in comparisons[:6]] != pytest.approx(_holm([c["p"] for c in comparisons[:6]]), rel=1e-12)
+    assert [c["holm_p"] for c in comparisons[:6]] == pytest.approx(holm([c["p"] for c in comparisons[:6]] + [1.0, 1.0])[:6], rel=1e-12)
+    assert [c["holm_p"] for c in comparisons[:6]] != pytest.approx(holm([c["p"] for c in comparisons[:6]]), rel=1e-12)
     rows = text.split("## Confirmatory family")[1].split("\n## ")[0].splitlines()
     assert "2 of the 8 comparisons untested: each counts in Holm's correction as p = 1." in rows
     for item in doc["primary"]["comparisons"]:

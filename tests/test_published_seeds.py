@@ -5,7 +5,6 @@ publish; and the family must be the one the recipe names."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from quantdiff.train.recipe import load_recipe
+from tests.independent_stats import holm, sign_flip
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "bb"
 
@@ -31,20 +31,6 @@ def _per_seed_values(seed: int) -> dict[str, dict[str, float]]:
     return values
 
 
-def _sign_flip(d: list[float]) -> float:
-    observed = abs(sum(d))
-    hits = sum(abs(sum(s * x for s, x in zip(signs, d))) >= observed - 1e-12 for signs in itertools.product((1, -1), repeat=len(d)))
-    return hits / 2 ** len(d)
-
-
-def _holm(p: list[float]) -> list[float]:
-    m, out, running = len(p), [0.0] * len(p), 0.0
-    for rank, i in enumerate(sorted(range(m), key=p.__getitem__)):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
-    return out
-
-
 def test_the_published_holm_adjusted_p_values_recompute_from_the_per_seed_json():
     stats = pytest.importorskip("scipy.stats")
     doc = json.loads((RESULTS / "seeds.json").read_text())
@@ -60,9 +46,9 @@ def test_the_published_holm_adjusted_p_values_recompute_from_the_per_seed_json()
             if key.startswith("table5/"):  # standard ÷ arm, compared on the log scale: the paired t test
                 p.append(stats.ttest_1samp([math.log(r / o) for r, o in zip(reference, other)], 0.0).pvalue)
             else:  # arm − standard, bounded: the sign-flip permutation test, every sign assignment
-                p.append(_sign_flip([o - r for r, o in zip(reference, other)]))
+                p.append(sign_flip([o - r for r, o in zip(reference, other)]))
             family.append((key, arm))
-    adjusted = _holm(p)
+    adjusted = holm(p)
     published = {(c["metric"], c["arm"]): c for c in doc["primary"]["comparisons"]}
     assert list(published) == family and len(family) == 15
     report = (RESULTS / "report.md").read_text()

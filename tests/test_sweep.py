@@ -87,7 +87,9 @@ def test_16_bits_equal_the_reference_and_2_bits_differ(trained_pair):
         assert reference["accuracy"] > 0.2  # it learned something, so attention matters
         assert at16["accuracy"] == reference["accuracy"]
         assert at16["loss"] == pytest.approx(reference["loss"], rel=1e-5)
-        assert at2["accuracy"] != reference["accuracy"] and at2["loss"] > reference["loss"] + 0.01
+        # 2 bits move the model: its loss rises. Its accuracy over these ~450 positions may still coincide (Diff's
+        # did, 0.2851 both, when the pair trained on 2 threads; its loss rose 2.24 → 2.39).
+        assert at2["loss"] > reference["loss"] + 0.01 and at2 != reference
     assert cells_from_json(json.loads(json.dumps(cells_to_json(cells)))) == cells
 
 

@@ -34,6 +34,11 @@ SINK_EPSILON = 0.3
 FIXED_POINT = 2.0**32  # mass units per 1.0: int64 holds sums over up to 2³¹ query rows per head
 
 
+def _fixed_point_sum(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """(H,) int64: the sum of the kept rows' values of (B, H, T), over batch and rows, in units of 2⁻³²."""
+    return (torch.where(keep, values, 0.0).double().sum(dim=(0, 2)) * FIXED_POINT).round().to(torch.int64).cpu()
+
+
 @dataclass
 class SinkStats:
     """Sum and count of the first-position attention mass per (layer, head), plus the per-batch row state."""
@@ -79,8 +84,7 @@ class SinkStats:
             m, s, l0 = rows.max[..., 0], rows.sum[..., 0], rows.first_key[..., 0]  # (B, H, T)
             mass = torch.exp(l0 - m) / s.clamp_min(torch.finfo(torch.float32).tiny)
             keep = torch.isfinite(m) if row_mask is None else torch.isfinite(m) & row_mask.bool()[:, None, :]
-            batch_mass = torch.where(keep, mass, torch.zeros_like(mass)).double().sum(dim=(0, 2))
-            self.mass[layer] += (batch_mass * FIXED_POINT).round().to(torch.int64).cpu()
+            self.mass[layer] += _fixed_point_sum(mass, keep)
             self.rows[layer] += keep.sum(dim=(0, 2)).cpu()
             if self.combined_mass is not None:
                 self._combine_rows(layer, mass, keep)
@@ -88,7 +92,7 @@ class SinkStats:
                 absorbed = torch.exp(self._sinks[layer].view(1, -1, 1) - m) / s.clamp_min(torch.finfo(torch.float32).tiny)
                 if self.sink_logit_mass is None:
                     self.sink_logit_mass = torch.zeros_like(self.mass)
-                self.sink_logit_mass[layer] += (torch.where(keep, absorbed, 0.0).double().sum(dim=(0, 2)) * FIXED_POINT).round().to(torch.int64).cpu()
+                self.sink_logit_mass[layer] += _fixed_point_sum(absorbed, keep)
         self._rows.clear()
         self._lambda.clear()
         self._sinks.clear()
@@ -101,7 +105,7 @@ class SinkStats:
         lam = self._lambda[layer].double().transpose(1, 2)[..., -mass.shape[2] :]  # (B, H/2, T): the rows of this call
         combined = (mass[:, first].double() - lam * mass[:, second].double()) / (1 - lam)
         pair_rows = keep[:, first]
-        self.combined_mass[layer] += (torch.where(pair_rows, combined, 0.0).sum(dim=(0, 2)) * FIXED_POINT).round().to(torch.int64).cpu()
+        self.combined_mass[layer] += _fixed_point_sum(combined, pair_rows)
 
     def merge(self, other: SinkStats) -> SinkStats:
         self.mass += other.mass

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from quantdiff.core.errors import LoadError
 from quantdiff.models.names import ASSETS, resolve
+from tests import forked
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -50,8 +50,13 @@ def test_missing_cache_entry_offline_is_one_line(offline_cache):
 
 
 def _cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "250", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.run([sys.executable, "-m", "quantdiff", *args], capture_output=True, text=True, env=env, timeout=300)
+    """`quantdiff ARGS` in its own process with the hub variables in its environment, forked from a server that
+    imported huggingface_hub before HF_HUB_CACHE pointed here (tests/forked.py; the suite sets HF_HUB_OFFLINE for
+    every process, conftest.py). quantdiff reads both variables when it resolves a name (names.hub_snapshot,
+    names.hub_offline), so what huggingface_hub's constants took at import cannot decide the outcome: with the
+    cache read from the constant instead, this test fails."""
+    env = {**os.environ, "COLUMNS": "250", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    return forked.run(list(args), cwd=tmp_path, env=env, timeout=300)
 
 
 def test_info_loads_a_cached_hub_model_offline(tmp_path):

@@ -1,7 +1,7 @@
 """Redraw the published charts from the JSON committed beside them, nothing measured again (issue 43's audit):
 
-- results/bb/sweep_bb.png and results/bb/emergence.png from results/bb/seeds.json, as `quantdiff reproduce` draws
-  a multi-seed run's (`quantdiff.jobs.reproduce_seeds`);
+- results/bb/sweep_bb.png, results/bb/emergence.png and results/confirm-text/emergence.png from their seeds.json,
+  as `quantdiff reproduce` draws a multi-seed run's (`quantdiff.jobs.reproduce_seeds`);
 - results/gpu/report/emergence.png and results/cpu-sinks/emergence.png from their train logs' `outliers` series,
   as `quantdiff reproduce` draws one seed's.
 
@@ -31,13 +31,14 @@ def main() -> None:
     # the title reproduce_seeds.multi_seed_report gives the bb task's chart
     plot_sweep(seed_points(doc, "bb"), bb / "sweep_bb.png", "accuracy",
                f"bb: accuracy vs bits, mean and 95% interval over {len(doc['seeds'])} seeds", force=True)
-    plot_emergence(doc["emergence"], bb / "emergence.png")
+    for run in ("bb", "confirm-text"):
+        plot_emergence(json.loads((REPO / "results" / run / "seeds.json").read_text())["emergence"], REPO / "results" / run / "emergence.png")
     for chart, (logs, arms) in ONE_SEED.items():
         series = {arm: json.loads((REPO / logs / f"{arm}.json").read_text())["outliers"] for arm in arms}
         (REPO / chart).unlink()  # the committed chart, drawn before plots carried quantdiff's mark: plot_emergence would keep it
         plot_emergence(emergence_curves({"0": series}), REPO / chart)
         print(f"wrote {chart}")
-    print("wrote results/bb/sweep_bb.png, results/bb/emergence.png")
+    print("wrote results/bb/sweep_bb.png, results/bb/emergence.png, results/confirm-text/emergence.png")
 
 
 if __name__ == "__main__":

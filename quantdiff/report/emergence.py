@@ -57,6 +57,7 @@ def emergence_figure(curves: dict[str, dict]):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.6), squeeze=False)
     for ax, (quantity, panel) in zip(axes[0], curves.items()):
@@ -69,6 +70,7 @@ def emergence_figure(curves: dict[str, dict]):
             if banded:
                 ax.fill_between([p[0] for p in banded], [p[2] for p in banded], [p[3] for p in banded], color=line.get_color(), alpha=0.18, linewidth=0)
         ax.set(xlabel="training tokens per model", title=panel["label"])
+        ax.xaxis.set_major_formatter(EngFormatter())  # 400k, not 400000: six-digit ticks run into each other
         if quantity.startswith("sink/"):
             ax.set_ylim(*share_limits(plotted))
             ax.set_ylabel(SHARE_NOTE, fontsize=8)

@@ -1,10 +1,34 @@
 """Independent references for the across-seed tests, written out from the definitions with no numpy and no
-quantdiff: the sign-flip permutation test by brute force over every sign assignment (Fisher 1935), and Holm's
-step-down adjustment (Holm 1979)."""
+quantdiff: the sign-flip permutation test by brute force over every sign assignment (Fisher 1935), Holm's
+step-down adjustment (Holm 1979), and a seed's metric values read straight from its stats and sweep JSON."""
 
 from __future__ import annotations
 
 import itertools
+import json
+from pathlib import Path
+
+
+def per_seed_values(results: Path, seed: int) -> dict[str, dict[str, float]]:
+    """{metric key: {arm: value}} of one seed, read straight from results/seed-<s>/stats.json and sweep.json: Top-1
+    overall and per softmax map (stats' per-head blocks, one per map) from the `topk` lists, each valid quantized
+    cell's accuracy (`sweep/…`) and its change from the same model unquantized (`change/…`)."""
+    stats = json.loads((results / f"seed-{seed}" / "stats.json").read_text())
+    sweep = json.loads((results / f"seed-{seed}" / "sweep.json").read_text())
+    values: dict[str, dict[str, float]] = {}
+    for model in stats["models"]:
+        for block in ("attention_logits", "hidden_states"):
+            values.setdefault(f"table5/{block}/top1", {})[model["name"]] = max(abs(t["value"]) for t in model[block]["topk"])
+        maps = [max(abs(t["value"]) for t in head["topk"]) for layer in model["attention_logits"]["per_head"] for head in layer]
+        values.setdefault("table5/attention_logits/top1_per_map", {})[model["name"]] = sum(maps) / len(maps)
+    cells = [c for c in sweep["cells"] if "accuracy" in c]  # the lm and bb tasks (choice scores acc_norm)
+    unquantized = {(c["task"], c["model"]): c["accuracy"] for c in cells if c["bits"] is None}
+    for cell in cells:
+        if cell["bits"] is not None and cell["valid"]:
+            cell_key = f"{cell['task']}/{cell['site']}/{cell['method']}/{cell['bits']}"
+            values.setdefault(f"sweep/{cell_key}", {})[cell["model"]] = cell["accuracy"]
+            values.setdefault(f"change/{cell_key}", {})[cell["model"]] = cell["accuracy"] - unquantized[cell["task"], cell["model"]]
+    return values
 
 
 def sign_flip(d: list[float]) -> float:

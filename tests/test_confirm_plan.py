@@ -17,7 +17,7 @@ import torch
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.train.recipe import load_recipe
-from tests.independent_stats import holm, sign_flip
+from tests.independent_stats import holm, per_seed_values, sign_flip
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_BB = ROOT / "results" / "bb"
@@ -52,17 +52,6 @@ SEEDS = [0, 1, 2, 3, 4, 5]
 CHANGES = ["change/bb/linear/absmax/4", "change/bb/qk/llm-int8/4"]
 
 
-def _changes_from_sweep(seed: int) -> dict[str, dict[str, float]]:
-    """{change key: {arm: accuracy of the cell − accuracy unquantized}}, straight from seed-<s>/sweep.json."""
-    cells = json.loads((RESULTS_BB / f"seed-{seed}" / "sweep.json").read_text())["cells"]
-    unquantized = {c["model"]: c["accuracy"] for c in cells if c["bits"] is None}
-    changes: dict[str, dict[str, float]] = {}
-    for c in cells:
-        if c["bits"] is not None:
-            changes.setdefault(f"change/bb/{c['site']}/{c['method']}/{c['bits']}", {})[c["model"]] = c["accuracy"] - unquantized[c["model"]]
-    return changes
-
-
 def test_change_metrics_and_their_holm_family_recompute_from_the_per_seed_json():
     from quantdiff.across_seeds.document import seeds_document
 
@@ -72,7 +61,7 @@ def test_change_metrics_and_their_holm_family_recompute_from_the_per_seed_json()
     kinds = {m["name"]: m["kind"] for m in stats["0"]["models"]}
     arms = ["diff", "diffv2"]
     doc = seeds_document("bb", kinds, "standard", stats, sweeps, {str(s): {} for s in SEEDS}, CHANGES, arms)
-    expected = {s: _changes_from_sweep(s) for s in SEEDS}
+    expected = {s: per_seed_values(RESULTS_BB, s) for s in SEEDS}
     p = []
     for key in CHANGES:
         block = doc["metrics"][key]

@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+from tests.scheduling import DEFAULT_SLOW_SECONDS, heavy_first
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -55,12 +57,15 @@ def gemma3_dir():
 
 
 
-# Modules whose tests share one expensive module fixture run first. pytest-xdist's worksteal hands each worker a
-# contiguous block of the list and steals from the blocks' ends, so the front stays together on one worker:
-# split across two, the second worker would wait on the first's measurement (tests/once.py) with its core idle.
+# Modules whose tests share one expensive module fixture (tests/scheduling.py keeps them together, first).
 SHARED_FIXTURE_MODULES = (  # a measurement; two GGUF readers (~25 s each); one process for three stats documents
     "test_real_model.py", "test_gemma3.py", "test_gguf.py", "test_stats_reference.py")
 
 
+def _slow_seconds(item: pytest.Item) -> float | None:
+    marker = item.get_closest_marker("slow")
+    return None if marker is None else float(marker.kwargs.get("seconds", DEFAULT_SLOW_SECONDS))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.path.name not in SHARED_FIXTURE_MODULES)  # stable: the rest keep their order
+    items[:] = heavy_first(items, WORKERS, lambda item: item.path.name in SHARED_FIXTURE_MODULES, _slow_seconds)

@@ -179,7 +179,7 @@ def test_forced_tiled_equals_eager_and_stats_equal_capture(model_type):
     _check_family(model_type, SUPPORTED[model_type])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=0.5)  # each family; the set is the minute
 @pytest.mark.parametrize("model_type", EXTENDED)
 def test_every_other_family_equals_eager_and_capture(model_type):
     _check_family(model_type, {})
@@ -216,13 +216,13 @@ def test_unsupported_families_are_refused_by_name(model_type):
     _check_refused(model_type, REFUSED[model_type])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=0.2)
 @pytest.mark.parametrize("model_type", sorted(EXTENDED_REFUSED))
 def test_every_other_unsupported_family_is_refused_by_name(model_type):
     _check_refused(model_type, EXTENDED_REFUSED[model_type])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=0.2)
 @pytest.mark.parametrize("model_type", sorted(STATS_REFUSED))
 def test_statistics_of_hybrid_families_are_refused_by_name(model_type):
     with pytest.raises(QuantdiffError) as info:

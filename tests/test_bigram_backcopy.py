@@ -204,7 +204,7 @@ def test_a_micro_bb_recipe_trains_every_arm_on_the_same_batches_and_logs_emergen
     assert logs["standard"]["train_loss_curve"][1:] != logs["standard-sgd"]["train_loss_curve"][1:]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 def test_reproduce_reports_every_arm_on_the_bb_task(tmp_path, monkeypatch, capsys):
     from quantdiff.cli.app import main
 

@@ -40,7 +40,7 @@ def test_save_pretrained_round_trip_equals_transformers_own_load(model_type, tmp
     _round_trip(model_type, FAST[model_type], tmp_path)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=0.5)  # each family; the set is the minute
 @pytest.mark.parametrize("model_type", sorted(set(EXTENDED) - set(FAST)))
 def test_every_other_family_round_trips(model_type, tmp_path):
     _round_trip(model_type, {}, tmp_path)

@@ -55,6 +55,7 @@ def _train(recipe: Path, out: Path, setting: dict[str, str], pinned: bool) -> li
     return None if pinned else json.loads(output.splitlines()[0])
 
 
+@pytest.mark.slow(seconds=48)
 def test_pinned_training_gives_the_same_weights_under_another_capability_and_thread_count(tmp_path):
     recipe = tmp_path / "micro.toml"
     recipe.write_text(MICRO_BB.replace("SEEDS", "seed = 3"))
@@ -89,7 +90,7 @@ def first_steps(steps: int, out: Path) -> dict:
     return json.loads((out / "seed-0" / ".checkpoint" / "state.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=70)
 def test_the_bb_seed_0_arms_retrain_their_pinned_first_steps(tmp_path):
     vendor = determinism.cpu_vendor()
     if not (PINNED_REFERENCES / f"{vendor}.json").exists():

@@ -187,7 +187,7 @@ def test_w8a8_reload_computes_what_transformers_computes(sources, tmp_path):
         assert torch.equal(load(tmp_path / "w8")(IDS).logits, AutoModelForCausalLM.from_pretrained(tmp_path / "w8")(IDS).logits)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=15)
 def test_smollm2_w8a8_reload_equals_transformers_in_float32(smollm2_dir, tmp_path):
     """The acceptance check: SmolLM2's W8A8 figure in quantdiff is what transformers computes from the file.
     Float32: equal to float tolerance (bfloat16 is not — an ulp of difference flips int8 codes of tokens whose
@@ -399,7 +399,7 @@ def test_cli_gguf_export_summarises_and_stats_reads_it(tmp_path, capsys, gguf_ca
     assert stats["models"][0]["source"]["quantization"] == "Q8_0"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=15)
 def test_smollm2_w4_g128_compressed_tensors_equals_our_g128_export(tmp_path):
     """The acceptance check: transformers with compressed-tensors loads SmolLM2 W4A16 G128 (576-wide layers in
     groups of 64, each scale twice) to exactly the weights of quantdiff's own G128 export."""

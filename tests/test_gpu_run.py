@@ -39,7 +39,7 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=115)
 @pytest.mark.skipif(corpus.find_rdata() is None and not (REPO / ".whl" / "corpus").is_dir(),
                     reason="corpus not installed (python -m quantdiff.data.corpus --install)")
 def test_smoke_run_returns_its_results_and_a_second_call_skips_what_is_done(tmp_path):

@@ -65,7 +65,7 @@ def _close(text: str, value: float) -> bool:
     return float(text) == pytest.approx(value, rel=1e-3, abs=1e-9)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=12)
 def test_reproduce_micro_recipe_end_to_end(tmp_path, monkeypatch, capsys):
     if corpus.find_rdata() is None:
         pytest.skip("corpus not installed (scripts/setup.sh installs it)")

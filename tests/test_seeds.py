@@ -360,7 +360,7 @@ def test_the_published_multi_seed_tables_sit_beside_the_live_seed(report, monkey
             published_section("bb", 7, live)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=26)
 def test_seeds_in_worker_processes_train_what_one_process_trains(tmp_path):
     import subprocess
     import sys

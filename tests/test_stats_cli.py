@@ -107,7 +107,7 @@ def test_bad_input_is_one_line_error_and_writes_nothing(pair_dir, tmp_path, caps
     assert not out.exists() and not plots.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=16)
 def test_torchrun_two_ranks_write_the_same_json(pair_dir, tmp_path):
     """gloo on CPU: ranks take alternate batches, rank 0 merges; everything but world_size must match exactly."""
     args = _stats(pair_dir, "--tokens", "900", "--seq-len", "48", "--batch-size", "2", "--tile-size", "16", "--quiet")

@@ -9,8 +9,8 @@ setup:
 reproduce: setup
 	.venv/bin/quantdiff reproduce bb --out report --items 100 --force
 
-# One pytest-xdist worker per core. worksteal: a worker that runs out takes queued tests from the other, so the
-# minutes-long end-to-end tests do not leave a core idle at the end. (loadgroup, which would keep the tests of a
+# One pytest-xdist worker per core. worksteal: a worker that runs out takes queued tests from the other, and
+# tests/scheduling.py puts the minutes-long end-to-end tests where no core waits idle on them at the end. (loadgroup, which would keep the tests of a
 # module-scoped fixture on one worker, does nothing under pytest 9: xdist 3.8 renames item._nodeid, which pytest 9
 # no longer reads.)
 # Bytecode caching on, whatever the shell says (PYTHONDONTWRITEBYTECODE=1 makes each of the suite's ~45 fresh

@@ -16,7 +16,7 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.models import loading
 from quantdiff.models.names import resolve
 from quantdiff.models.pairs import ALL_KINDS, SizePreset, build_pair
-from quantdiff.quant.compressed_tensors import CompressedTensorsExport, pack_int4, unpack_int4
+from quantdiff.quant.compressed_tensors import COMPRESSED_TENSORS_VERSION, CompressedTensorsExport, pack_int4, unpack_int4
 from quantdiff.quant.export import export_quantized, stored_weights
 from quantdiff.quant.formats import parse_export
 from quantdiff.core.owned import GGUF_KEY
@@ -130,6 +130,7 @@ def test_compressed_tensors_config_declares_the_scheme(sources, tmp_path):
 def test_w4a16_layout_is_the_packages_own_compressors(sources, tmp_path, strategy, group_size):
     """llm-compressor's route (the package's `apply_quantization_config` + `ModelCompressor`, pack-quantized)
     given the same weights and scales writes our tensors — names, shapes, dtypes, bits — and our config."""
+    import compressed_tensors
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme, apply_quantization_config
     from safetensors.torch import load_file
@@ -152,7 +153,11 @@ def test_w4a16_layout_is_the_packages_own_compressors(sources, tmp_path, strateg
     assert all(torch.equal(ours[key], theirs[key]) and ours[key].dtype == theirs[key].dtype for key in ours)
     config = json.loads((tmp_path / "ours" / "config.json").read_text())["quantization_config"]
     config.pop("quantdiff")
-    assert config == json.loads((tmp_path / "theirs" / "config.json").read_text())["quantization_config"]
+    their_config = json.loads((tmp_path / "theirs" / "config.json").read_text())["quantization_config"]
+    # `version` is the writer's stamp (the package writes its own release): ours names the release whose layout it
+    # writes; every other field is the package's own.
+    assert (config.pop("version"), their_config.pop("version")) == (COMPRESSED_TENSORS_VERSION, compressed_tensors.__version__)
+    assert config == their_config
 
 
 def test_compressed_tensors_layers_of_different_widths_get_their_own_groups():

@@ -1,7 +1,8 @@
-"""The published multi-seed results (results/bb, exploratory; results/confirm-text, confirmatory) against an
-independent recomputation from their per-seed JSON: the primary comparisons' p-values and their Holm adjustment
-(Holm 1979), computed here with scipy's t test, a brute-force sign-flip enumeration and a hand-written Holm
-step-down, must be what seeds.json and report.md publish; and the family must be the one the recipe names."""
+"""The published multi-seed results (results/bb, exploratory; results/confirm-text and results/confirm-bb,
+confirmatory) against an independent recomputation from their per-seed JSON: the primary comparisons' p-values and
+their Holm adjustment (Holm 1979), computed here with scipy's t test, a brute-force sign-flip enumeration and a
+hand-written Holm step-down, must be what seeds.json and report.md publish; and the family must be the one the
+recipe names."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ PUBLISHED = {
         ("sweep/bb/linear/absmax/4", "diffv2"), ("sweep/bb/linear/absmax/4", "gated"), ("sweep/bb/linear/absmax/4", "standard-sgd")},
     "confirm-text": {  # the plan committed before training
         ("table5/attention_logits/top1_per_map", "diff"), ("table5/attention_logits/top1_per_map", "diffv2")},
+    "confirm-bb": {  # the plan committed before training
+        ("table5/attention_logits/top1_per_map", "diffv2"), ("table5/hidden_states/top1", "diffv2")},
 }
 
 

@@ -65,9 +65,14 @@ class PlanCache(DynamicCache):
         return super().update(keys(key_states, list(layer.kv_bits), keep), naive_values(value_states, list(layer.kv_bits), keep), layer_idx, *args, **kwargs)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def models():
-    return {kind: model.eval() for kind, model in build_pair(PRESET, seed=0, kinds=ALL_KINDS).items()}
+    """Fresh models for each test, each on quantdiff's attention backend: a test that switches one to eager
+    attention (or quantizes it) must not decide what the next test sees, whichever worker runs it (issue 53)."""
+    built = {kind: model.eval() for kind, model in build_pair(PRESET, seed=0, kinds=ALL_KINDS).items()}
+    for model in built.values():
+        loading.prepare(model, tile_size=4)
+    return built
 
 
 def plan_for(model, bits: list[list[int]], keep: tuple[int, ...] = (), budget: int = 4) -> KVPlan:
@@ -96,7 +101,6 @@ def test_kept_positions_leave_keys_and_values_bit_identical():
 def test_a_plan_at_16_bits_everywhere_equals_the_unquantized_model(models, kind):
     model = models[kind]
     ids = torch.randint(0, PRESET.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
-    loading.prepare(model, tile_size=4)
     with torch.no_grad():
         reference = model(ids).logits
         with quantized(model, plan_config(plan_for(model, [[16, 16], [16, 16]], keep=(0,), budget=16))):
@@ -124,7 +128,6 @@ def test_plans_equal_eager_attention_over_a_cache_holding_what_the_plan_says(mod
 def test_a_uniform_plan_is_the_plain_kv_site(models, kind):
     model = models[kind]
     ids = torch.randint(0, PRESET.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
-    loading.prepare(model, tile_size=4)
     with torch.no_grad():
         with quantized(model, parse_config("absmax", 3, "kv")):
             plain = model(ids).logits
@@ -139,7 +142,6 @@ def test_effective_bits_by_hand(models):
     model = models["standard"]
     plan = plan_for(model, [[4, 2], [3, 3]], keep=(0,))
     assert plan.expected_bits(8) == pytest.approx(4.625)
-    loading.prepare(model, tile_size=4)
     ids = torch.randint(0, PRESET.vocab_size, (2, 8), generator=torch.Generator().manual_seed(4))
     mask = torch.ones(2, 8, dtype=torch.long)
     with torch.no_grad(), quantized(model, plan_config(plan)):
@@ -237,7 +239,6 @@ def test_calibration_locates_a_planted_massive_activation_and_the_sink_heads(mod
     from quantdiff.stats.collect import collect
 
     model = models["standard"]
-    loading.prepare(model, tile_size=4)
     data = tmp_path / "calibration.jsonl"
     rows = torch.randint(0, PRESET.vocab_size, (6, 12), generator=torch.Generator().manual_seed(5)).tolist()
     data.write_text("".join(json.dumps({"input_ids": row}) + "\n" for row in rows))

@@ -19,6 +19,10 @@ Each metric has a key, a label, and how it is summarised and compared with the r
   like-for-like Top-1, since every map of every arm holds the same number of logits, where the overall Top-1 is
   a maximum over as many logits as the arm has maps (DIFF V2 has twice the standard arm's): arithmetic mean;
   compared as standard ÷ arm;
+- the same Top-1 over the first maps alone (top1_per_map1): Diff V1's and DIFF V2's map-1 heads, whose maxima
+  are not lowered by λ's subtraction the way the second (subtracted) maps' are, and every map of standard
+  attention: arithmetic mean; compared as standard ÷ arm. Beside it, the per-map figure shows how much of a
+  difference the subtracted maps carry;
 - the kurtosis of |attention logit| and of |hidden state| (the fourth standardised moment, E[(a − μ)⁴] / σ⁴ of
   a = |x|, stats.moments), a scale-free measure of how heavy the tail is: itself a ratio, so geometric mean;
   compared as standard ÷ arm;
@@ -54,6 +58,8 @@ class Metric:
 TOP1_LOGITS = Metric("table5/attention_logits/top1", "Top-1 attention logit (abs)", log=False, ratio=True)
 TOP1_HIDDEN = Metric("table5/hidden_states/top1", "Top-1 hidden state (abs)", log=False, ratio=True)
 TOP1_LOGITS_PER_MAP = Metric("table5/attention_logits/top1_per_map", "Top-1 attention logit (abs) per softmax map, mean over maps", log=False, ratio=True)
+TOP1_LOGITS_MAP1 = Metric("table5/attention_logits/top1_per_map1", "Top-1 attention logit (abs) per first softmax map, mean over map-1 maps",
+                          log=False, ratio=True)
 KURTOSIS_LOGITS = Metric("table5/attention_logits/kurtosis", "kurtosis (abs attention logit)", log=True, ratio=True)
 KURTOSIS_HIDDEN = Metric("table5/hidden_states/kurtosis", "kurtosis (abs hidden state)", log=True, ratio=True)
 TOP1_LOGITS_RELATIVE = Metric("table5/attention_logits/top1_over_median", "Top-1 ÷ median (abs attention logit)", log=True, ratio=True)
@@ -64,7 +70,7 @@ SINK_MIN = Metric("sinks/min", "smallest per-head attention on position 0 (Diff:
 SINK_LOGIT_MASS = Metric("sinks/sink_logit_max", "mass the sink logit absorbs (largest per-head share of the softmax denominator)",
                          log=False, ratio=False)
 BOS_RATIO = Metric("sinks/bos_peak_over_median", "BOS peak ÷ median (abs hidden state)", log=True, ratio=True)
-MODEL_METRICS = (TOP1_LOGITS, TOP1_HIDDEN, TOP1_LOGITS_PER_MAP, TOP1_LOGITS_RELATIVE, TOP1_HIDDEN_RELATIVE, KURTOSIS_LOGITS,
+MODEL_METRICS = (TOP1_LOGITS, TOP1_HIDDEN, TOP1_LOGITS_PER_MAP, TOP1_LOGITS_MAP1, TOP1_LOGITS_RELATIVE, TOP1_HIDDEN_RELATIVE, KURTOSIS_LOGITS,
                  KURTOSIS_HIDDEN, SINK_SCORE, SINK_MASS, SINK_MIN, SINK_LOGIT_MASS, BOS_RATIO)
 CHANGE_PREFIX = "change/"
 
@@ -102,11 +108,17 @@ def change_values(key: str, by_arm: dict[str, float | None], unquantized: dict[s
     return {arm: None if value is None or unquantized.get(arm) is None else value - unquantized[arm] for arm, value in by_arm.items()}
 
 
-def _per_map_top1(logits: dict) -> float | None:
+def _per_map_top1(logits: dict, first_maps_only: bool = False) -> float | None:
     """The mean over softmax maps (stats' per_head blocks: one per map, each holding the same count in every
-    arm) of each map's largest |logit|."""
-    maps = [block["max"] for layer in logits.get("per_head") or [] for block in layer if block.get("max") is not None]
+    arm) of each map's largest |logit|; `first_maps_only`: over differential map-1 blocks (a block's top-k entries
+    name its map) and every block of standard attention (which names none)."""
+    maps = [block["max"] for layer in logits.get("per_head") or [] for block in layer
+            if block.get("max") is not None and (not first_maps_only or _block_map(block) in (None, 1))]
     return sum(maps) / len(maps) if maps else None
+
+
+def _block_map(block: dict) -> int | None:
+    return block["topk"][0].get("map") if block.get("topk") else None
 
 
 def _smallest_mass(sinks: dict) -> float | None:
@@ -129,6 +141,7 @@ def model_values(stats: dict) -> dict[str, dict[str, float | None]]:
         values[TOP1_LOGITS.key][arm] = table5_row(logits)[0]
         values[TOP1_HIDDEN.key][arm] = table5_row(hidden)[0]
         values[TOP1_LOGITS_PER_MAP.key][arm] = _per_map_top1(logits)
+        values[TOP1_LOGITS_MAP1.key][arm] = _per_map_top1(logits, first_maps_only=True)
         values[KURTOSIS_LOGITS.key][arm] = logits.get("kurtosis")
         values[KURTOSIS_HIDDEN.key][arm] = hidden.get("kurtosis")
         values[TOP1_LOGITS_RELATIVE.key][arm] = _over_median(table5_row(logits)[0], logits)

@@ -4,11 +4,13 @@ transformers' DiffLlama with the *same* config as a Llama has the same parameter
 λ vectors per layer: its `num_attention_heads = H` projections are paired (head i with head i + H/2)
 into H/2 differential heads whose value width is doubled — exactly the paper's "half the heads" rule.
 
-DIFF V2 (kind "diffv2") is matched as its authors match it (their reference module switches between the
-baseline and V2 with the same d_model, heads, KV heads and head width): H output heads of the baseline's
-width d = D/H, 2H query heads, the baseline's KV heads and W_O. It is *not* parameter-matched — the authors
-add the parameters of Q2 on purpose — so per layer it has D·H·d = D² more query weights and D·H λ weights,
-and per token 2·(D² + D·H) more projection FLOPs plus the QKᵀ and AV products of H more query heads.
+DIFF V2 (kind "diffv2") keeps every size of the baseline, as the authors' reference module does when it switches
+between the baseline and V2 (the same d_model, heads, KV heads and head width): H output heads of the baseline's
+width d = D/H, 2H query heads, the baseline's KV heads and W_O. Built so, it is *not* parameter-matched: per layer
+it has D·H·d = D² more query weights and D·H λ weights, and per token 2·(D² + D·H) more projection FLOPs plus the
+QKᵀ and AV products of H more query heads. The V2 authors' blog says Q2's parameters are "borrowed from other parts
+of the model" and that V2 is compared with a Transformer of equal budget, so `budget_matched` gives that model
+too: the same attention, its SwiGLU MLP narrowed by (D² + D·H) / 3D so that the count equals the baseline's.
 
 The gated kind (models/gated.py) is the standard model plus a head-wise output gate, D·H weights per layer; the
 sink kind (models/sink.py) the standard model plus one sink logit per head, H per layer. Both keep every size of
@@ -128,6 +130,20 @@ def kind_configs(preset: SizePreset, kinds: tuple[str, ...] = KINDS) -> dict[str
         "sink": lambda: SinkConfig(**kwargs),
     }
     return {kind: build[kind]() for kind in kinds}
+
+
+def budget_matched(config: DiffV2Config, preset: SizePreset) -> DiffV2Config:
+    """`config` (a DIFF V2 config of `preset`) with its MLP narrowed so that the model has the standard model's
+    parameter count: Q2 and W_λ add D·H·d + D·H weights per layer, a SwiGLU unit costs 3·D, so the intermediate
+    width drops by (D·H·d + D·H) / 3D, rounded (within 1.5·D weights per layer of an exact match)."""
+    width = preset.hidden_size
+    added = width * preset.num_heads * (width // preset.num_heads) + width * preset.num_heads  # Q2, then W_λ
+    narrower = preset.intermediate - round(added / (3 * width))
+    if narrower < 1:
+        raise ConfigError(f"a budget-matched DIFF V2 of hidden_size {width} has no MLP left: its Q2 and λ take {added:,} of the layer's weights")
+    matched = copy.deepcopy(config)
+    matched.intermediate_size = narrower
+    return matched
 
 
 def pair_configs(preset: SizePreset) -> dict[str, LlamaConfig | DiffLlamaConfig]:

@@ -26,11 +26,18 @@ HELD = frozenset({
 # settings and output switches: none changes the logits of a model in evaluation.
 BOOKKEEPING = frozenset({
     "_name_or_path", "_model_name_or_path", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
-    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "attention_dropout", "id2label",
+    "use_cache", "initializer_range", "attention_dropout", "id2label",
     "label2id", "output_attentions", "output_hidden_states", "return_dict", "problem_type", "chunk_size_feed_forward",
     "is_encoder_decoder", "tokenizer_class", "quantization_config", "auto_map", "generation_config",
     "max_window_layers",  # Qwen: read only to build layer_types, which is compared
 })
+# Special-token ids under any name (`unk_token_id`, `sep_token_id`, …) are the tokenizer's too: SmolLM2's config
+# has unk_token_id = 0 where a config built from the file has None, and neither changes a logit.
+TOKEN_ID_SUFFIX = "_token_id"
+
+
+def _bookkeeping(key: str) -> bool:
+    return key in BOOKKEEPING or key.endswith(TOKEN_ID_SUFFIX)
 
 
 def _same(source: Any, other: Any) -> bool:
@@ -47,7 +54,7 @@ def _same(source: Any, other: Any) -> bool:
 def differences(source: dict, other: dict) -> list[tuple[str, Any, Any]]:
     """(field, source's value, other's value) for every computed field of `source` that `other` gives otherwise."""
     return [(key, value, other.get(key)) for key, value in sorted(source.items())
-            if key not in BOOKKEEPING and not _same(value, other.get(key))]
+            if not _bookkeeping(key) and not _same(value, other.get(key))]
 
 
 def _plain_rope(config: dict) -> dict:

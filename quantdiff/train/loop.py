@@ -50,7 +50,7 @@ from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.core.progress import progress_bar
 from quantdiff.data.bigram_backcopy import BigramBackcopy
 from quantdiff.models.init import fold
-from quantdiff.models.pairs import build_model, kind_configs, lambda_parameter_count, parameter_count
+from quantdiff.models.pairs import budget_matched, build_model, kind_configs, lambda_parameter_count, parameter_count
 from quantdiff.train.recipe import ArmConfig, Recipe, TrainConfig, check_needles_fit, curriculum
 from quantdiff.core.atomic import json_text
 from quantdiff.core.manifest import write_manifest
@@ -61,7 +61,7 @@ from quantdiff.eval.tasks.bb import BBTask
 from quantdiff.eval.tasks.lm import LMTask, PreparedLM
 from quantdiff.eval.tasks.retrieval import encode_example, exact_matches
 from quantdiff.models.tokenizer import save_tokenizer
-from quantdiff.train import determinism, emergence, guards
+from quantdiff.train import determinism, emergence, guards, provenance
 from quantdiff.train.guards import CHECKPOINT  # inside --out; removed once the arms are saved
 from quantdiff.train.resume_state import checked_state
 
@@ -329,7 +329,17 @@ class Run:
 
 def new_state(recipe: Recipe) -> dict:
     empty = lambda: {name: [] for name in recipe.arm_names}  # noqa: E731
-    return {"recipe": recipe.source, "seed": recipe.train.seed, "step": 0, "elapsed_s": 0.0, "loss": empty(), "held_out": empty(), "outliers": empty()}
+    return {"recipe": recipe.source, "seed": recipe.train.seed, "step": 0, "elapsed_s": 0.0, "loss": empty(), "held_out": empty(), "outliers": empty(),
+            "history": []}
+
+
+def _against_standard(models: dict, recipe: Recipe, name: str) -> str:
+    """' (+7.2% against standard)' for an arm whose count differs from the first standard arm's."""
+    standard = next((arm.name for arm in recipe.arms if arm.kind == "standard"), None)
+    if standard is None or name == standard:
+        return ""
+    ratio = parameter_count(models[name]) / parameter_count(models[standard]) - 1
+    return f" ({ratio:+.2%} against {standard})"
 
 
 def start_run(recipe: Recipe, out: Path, checkpoint: Checkpoint, force: bool, console) -> Run:
@@ -348,14 +358,16 @@ def start_run(recipe: Recipe, out: Path, checkpoint: Checkpoint, force: bool, co
         # The recipe was checked at one token per word; the trained tokenizer may need more for the rarest words.
         check_needles_fit(recipe, partial(most_document_tokens, data.filler.count_tokens), "tokens of the trained tokenizer")
     configs = kind_configs(recipe.model, tuple(dict.fromkeys(arm.kind for arm in recipe.arms)))
+    arm_configs = {arm.name: budget_matched(configs[arm.kind], recipe.model) if arm.match_budget else configs[arm.kind] for arm in recipe.arms}
     # In training form: the init's parametrisations (models.init) stay until finish() folds them; checkpoints hold them
-    models = {arm.name: build_model(configs[arm.kind], cfg.seed, "sdpa", cfg.init, reparametrised=True).to(device).train() for arm in recipe.arms}
+    models = {arm.name: build_model(arm_configs[arm.name], cfg.seed, "sdpa", cfg.init, reparametrised=True).to(device).train() for arm in recipe.arms}
     optimizers = {arm.name: make_optimizer(models[arm.name], cfg, arm) for arm in recipe.arms}
     if state:
         checkpoint.restore(models, optimizers)
     console.print("parameters: " + "  ".join(
         f"{arm.name} ({arm.kind}, {arm.optimizer}) {parameter_count(models[arm.name]):,}"
         + (f" incl. λ {lambda_parameter_count(models[arm.name]):,}" if lambda_parameter_count(models[arm.name]) else "")
+        + _against_standard(models, recipe, arm.name)
         for arm in recipe.arms))
     if state:
         console.print(f"resuming from step {state['step']} ({checkpoint.dir})")
@@ -363,7 +375,10 @@ def start_run(recipe: Recipe, out: Path, checkpoint: Checkpoint, force: bool, co
     console.print(f"training {cfg.steps} steps × {cfg.batch_size} × {cfg.seq_len} = {cfg.tokens:,} tokens per model on {device}")
     eval_windows = held_out_windows(data, cfg.seq_len, cfg.eval_batches * cfg.batch_size * cfg.seq_len)
     outliers = emergence.windows_as_batches(held_out_windows(data, cfg.seq_len, cfg.outlier_sequences * cfg.seq_len), data.tokenizer.pad_token_id)
-    return Run(recipe, out, device, data, models, optimizers, state or new_state(recipe), eval_windows, outliers if cfg.outlier_sequences else [])
+    state = state or new_state(recipe)
+    # every start and resume, with its code (train/provenance.py); a checkpoint from before this field has none
+    state.setdefault("history", []).append(provenance.start_entry(state["step"]))
+    return Run(recipe, out, device, data, models, optimizers, state, eval_windows, outliers if cfg.outlier_sequences else [])
 
 
 def train_step(run: Run, step_models: dict, autocast, step: int) -> None:
@@ -483,6 +498,10 @@ def finish(run: Run, console) -> dict[str, Path]:
             "tokens": cfg.tokens,
             "parameters": parameter_count(model),
             "lambda_parameters": lambda_parameter_count(model),
+            **provenance.code_version(),  # of the process that finished the run; each start's is in "history"
+            "started_at": state["history"][0]["at"] if state["history"][0]["from_step"] == 0 else None,  # None: resumed from a checkpoint older than this record
+            "finished_at": provenance.utc_now(),
+            "history": state["history"],  # [{at, from_step, git_commit, git_dirty}]: the start, then every resume
             "wall_time_s": round(state["elapsed_s"], 1),  # all arms together
             "train_loss_curve": state["loss"][name],  # one value per step
             "final_train_loss": sum(state["loss"][name][-50:]) / len(state["loss"][name][-50:]),

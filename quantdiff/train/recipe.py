@@ -151,6 +151,9 @@ class ArmConfig:
     lr: float | None = None  # peak; the [train] schedule scaled to it (min_lr in the same proportion)
     weight_decay: float | None = None
     momentum: float = 0.9  # SGD only
+    # DIFF V2 only: narrow the MLP so the arm has the standard arm's parameter count (models.pairs.budget_matched),
+    # the comparison the V2 authors ask for; False keeps every size of the baseline, their reference module's way
+    match_budget: bool = False
 
     def peak_lr(self, train: TrainConfig) -> float:
         return train.lr if self.lr is None else self.lr
@@ -265,9 +268,13 @@ def _arms(tables: Any) -> tuple[ArmConfig, ...]:
             value = table.get(key, 0.0)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ConfigError(f"[[arms]] {name}: {key} must be a finite number >= 0, got {value!r}")
+        if not isinstance(table.get("match_budget", False), bool):
+            raise ConfigError(f"[[arms]] {name}: match_budget must be true or false")
         arm = ArmConfig(**table)
         if arm.kind not in ALL_KINDS:
             raise ConfigError(f"[[arms]] {name}: unknown kind {arm.kind!r} (known: {', '.join(ALL_KINDS)})")
+        if arm.match_budget and arm.kind != "diffv2":
+            raise ConfigError(f"[[arms]] {name}: match_budget narrows DIFF V2's MLP; kind {arm.kind!r} already has the standard model's sizes")
         if arm.optimizer not in OPTIMIZERS:
             raise ConfigError(f"[[arms]] {name}: unknown optimizer {arm.optimizer!r} (known: {', '.join(OPTIMIZERS)})")
         if arm.lr == 0:

@@ -21,8 +21,9 @@ from quantdiff.core.errors import ConfigError, LoadError
 from quantdiff.train.recipe import Recipe, parse_recipe
 
 FIELDS = ("recipe", "step", "elapsed_s", "loss", "held_out")
-# outliers: absent from checkpoints written before emergence tracking; seed: before multi-seed training
-OPTIONAL_FIELDS = ("outliers", "seed")
+# outliers: absent from checkpoints written before emergence tracking; seed: before multi-seed training;
+# history: before provenance was recorded (train/provenance.py)
+OPTIONAL_FIELDS = ("outliers", "seed", "history")
 
 
 def _is_int(value: Any) -> bool:
@@ -32,6 +33,14 @@ def _is_int(value: Any) -> bool:
 def _is_loss(value: Any) -> bool:
     """A logged loss: a number, or null (a diverged step's NaN, which strict JSON writes as null)."""
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _is_start(entry: Any) -> bool:
+    """One start of training as train/provenance.py writes it."""
+    return (isinstance(entry, dict) and sorted(entry) == ["at", "from_step", "git_commit", "git_dirty"]
+            and isinstance(entry["at"], str) and _is_int(entry["from_step"])
+            and (entry["git_commit"] is None or isinstance(entry["git_commit"], str))
+            and (entry["git_dirty"] is None or isinstance(entry["git_dirty"], bool)))
 
 
 def _nan_for_null(values: list) -> list[float]:
@@ -78,6 +87,8 @@ def _check_fields(state: Any, recipe: Recipe) -> dict:
         expected = evals if cfg.outlier_sequences and "outliers" in state else []
         if not all(isinstance(e, dict) for e in entries) or [e.get("step") for e in entries] != expected:
             raise ValueError(f"outliers of {kind} must hold one entry per held-out evaluation")
+    if not all(_is_start(entry) for entry in state.get("history", [])):
+        raise ValueError("history must hold {at, from_step, git_commit, git_dirty} for each start")
     return {
         **state,
         "loss": {kind: _nan_for_null(curve) for kind, curve in losses.items()},

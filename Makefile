@@ -1,7 +1,7 @@
 # The two commands of the README. Each installs what it needs on first use (scripts/setup.sh).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: reproduce test setup lock ranges
+.PHONY: reproduce test test-isolation setup lock ranges
 
 setup:
 	bash scripts/setup.sh
@@ -17,7 +17,12 @@ reproduce: setup
 # processes compile quantdiff's modules again, ~1.3 s of CPU each, and pytest rewrite every test module's asserts
 # again in each process); the caches go to __pycache__/, which git ignores.
 test: setup
-	env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q -n auto --dist worksteal --basetemp=/tmp/quantdiff-tests-$$(id -u)
+	env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q -p no:randomly -n auto --dist worksteal --basetemp=/tmp/quantdiff-tests-$$(id -u)
+
+# Order dependence made visible: the quick tests in a random order (seed printed), then every module alone
+# (scripts/test_isolation.sh). CI runs it after make test.
+test-isolation: setup
+	env -u PYTHONDONTWRITEBYTECODE bash scripts/test_isolation.sh
 
 # Re-resolve the lock to the newest releases, reinstall, run the suite and the tested-range check (scripts/lock.sh).
 lock:

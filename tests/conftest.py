@@ -67,5 +67,7 @@ def _slow_seconds(item: pytest.Item) -> float | None:
     return None if marker is None else float(marker.kwargs.get("seconds", DEFAULT_SLOW_SECONDS))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.pluginmanager.hasplugin("randomly") and config.getoption("randomly_reorganize", False):
+        return  # scripts/test_isolation.sh: the random order is the point (make test passes -p no:randomly)
     items[:] = heavy_first(items, WORKERS, lambda item: item.path.name in SHARED_FIXTURE_MODULES, _slow_seconds)

@@ -197,7 +197,7 @@ def test_a_micro_bb_recipe_trains_every_arm_on_the_same_batches_and_logs_emergen
         assert 0 <= log["bb"]["accuracy"] <= 1 and log["bb"]["bigram_kl"] > 0
         assert len(log["train_loss_curve"]) == 4
     assert logs["standard-sgd"]["arm"] == {"name": "standard-sgd", "kind": "standard", "optimizer": "sgd", "lr": 0.03,
-                                           "weight_decay": 1e-4, "momentum": 0.9}
+                                           "weight_decay": 1e-4, "momentum": 0.9, "match_budget": False}
     assert logs["diffv2"]["kind"] == "diffv2" and logs["standard"]["arm"]["optimizer"] == "adamw"
     # same initial seed, same batches: the two standard arms start from the same loss and then part
     assert logs["standard"]["train_loss_curve"][0] == logs["standard-sgd"]["train_loss_curve"][0]

@@ -193,7 +193,8 @@ def _independent_values(report: Path, seed: int) -> dict[str, dict[str, float | 
     stats = json.loads((report / f"seed-{seed}" / "stats.json").read_text())
     sweep = json.loads((report / f"seed-{seed}" / "sweep.json").read_text())
     values: dict[str, dict] = {key: {} for key in LOG_KEYS + ("table5/attention_logits/top1", "table5/hidden_states/top1",
-                                                              "table5/attention_logits/top1_per_map", "sinks/score", "sinks/max",
+                                                              "table5/attention_logits/top1_per_map", "table5/attention_logits/top1_per_map1",
+                                                              "sinks/score", "sinks/max",
                                                               "sinks/min", "sinks/sink_logit_max")}
     for m in stats["models"]:
         for block in ("attention_logits", "hidden_states"):
@@ -205,6 +206,11 @@ def _independent_values(report: Path, seed: int) -> dict[str, dict[str, float | 
         maps = [max(abs(t["value"]) for t in head["topk"]) for layer in m["attention_logits"]["per_head"] for head in layer]
         assert len({head["count"] for layer in m["attention_logits"]["per_head"] for head in layer}) == 1
         values["table5/attention_logits/top1_per_map"][m["name"]] = sum(maps) / len(maps)
+        # first maps by head index, as the stats schema defines them: Diff V1 heads 0…H/2−1, DIFF V2 the even heads
+        first = [top for layer in m["attention_logits"]["per_head"] for h, top in enumerate(
+                 max(abs(t["value"]) for t in head["topk"]) for head in layer)
+                 if m["kind"] not in ("diff", "diffv2") or (h < m["heads"] // 2 if m["kind"] == "diff" else h % 2 == 0)]
+        values["table5/attention_logits/top1_per_map1"][m["name"]] = sum(first) / len(first)
         values["sinks/score"][m["name"]] = m["sinks"]["score"]
         values["sinks/max"][m["name"]] = max(max(row) for row in m["sinks"].get("combined", m["sinks"]["per_head"]))
         values["sinks/min"][m["name"]] = min(min(row) for row in m["sinks"].get("combined", m["sinks"]["per_head"]))

@@ -1,8 +1,11 @@
-"""The shipped default pair: names resolve, files load with plain transformers and match tiny.toml."""
+"""The shipped models: names resolve, files load with plain transformers, and each set is one seed (12) of a
+confirmatory run, trained by that run's recipe (`tiny`: recipes/confirm-text.toml's standard and diff arms; `bb`:
+recipes/confirm-bb.toml's six arms) on the authors' initialisation, analysed with causal scales."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -15,6 +18,24 @@ from quantdiff.train.recipe import REPO_RECIPES, load_recipe
 from quantdiff.train.resume_state import same_training
 
 SHIPPED = {kind: zoo.ASSETS / "tiny" / kind for kind in KINDS}
+# built-in → the confirmatory recipe whose seed 12 it is (across_seeds.published names the same runs' documents)
+SHIPPED_FROM = {"tiny": "confirm-text.toml", "bb": "confirm-bb.toml"}
+
+
+@pytest.mark.parametrize("name", ["tiny", "bb"])
+def test_a_shipped_set_is_seed_12_of_its_confirmatory_run_on_the_authors_initialisation(name):
+    from quantdiff.across_seeds.published import PUBLISHED
+
+    repository = load_recipe(REPO_RECIPES / SHIPPED_FROM[name])
+    for directory in zoo.resolve(name):
+        shipped = load_recipe(directory / "recipe.toml")
+        # the run's recipe as committed, with only its seed list cut to the shipped seed (quantdiff train --set)
+        assert shipped.source == re.sub(r"^seeds = \[.*\]$", "seeds = [12]  # --set", repository.source, count=1, flags=re.MULTILINE)
+        assert shipped.train.seeds == [12] and same_training(shipped.source, repository)
+        assert shipped.train.init == "authors" and shipped.analysis.granularity == "row"
+        log = json.loads((directory / "train_log.json").read_text())
+        assert log["seed"] == 12 and log["init"] == "authors" and log["git_dirty"] is False and len(log["git_commit"]) == 40
+    assert PUBLISHED[name].parent.name == SHIPPED_FROM[name].removesuffix(".toml")
 
 
 def test_names_resolve_to_the_shipped_directories(tmp_path):
@@ -31,14 +52,9 @@ def test_unknown_names_are_load_errors(name):
         zoo.resolve(name)
 
 
-def test_shipped_recipe_is_the_repository_recipe():
-    for kind in KINDS:
-        assert (SHIPPED[kind] / "recipe.toml").read_text() == (REPO_RECIPES / "tiny.toml").read_text()
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_shipped_model_loads_and_matches_the_recipe(kind):
-    recipe = load_recipe("tiny")
+    recipe = load_recipe(REPO_RECIPES / SHIPPED_FROM["tiny"])
     model = AutoModelForCausalLM.from_pretrained(SHIPPED[kind], local_files_only=True)
     assert isinstance(model, {"standard": LlamaForCausalLM, "diff": DiffLlamaForCausalLM}[kind])
     expected = pair_configs(recipe.model)[kind]
@@ -57,7 +73,7 @@ def test_shipped_model_loads_and_matches_the_recipe(kind):
 
 
 def test_shipped_pair_parameter_counts_differ_by_lambda_only():
-    preset = load_recipe("tiny").model
+    preset = load_recipe(REPO_RECIPES / SHIPPED_FROM["tiny"]).model
     std, diff = (AutoModelForCausalLM.from_pretrained(SHIPPED[kind], local_files_only=True) for kind in KINDS)
     head_dim = preset.hidden_size // preset.num_heads
     assert lambda_parameter_count(std) == 0
@@ -83,7 +99,7 @@ def test_the_shipped_bb_arms_resolve_load_and_carry_their_emergence_series():
     assert shipped.arm_names == BB
     # The repository's recipe trains the shipped one (its analysis may have grown since: the primary comparisons
     # change no weight): the built-in is seed `seed` of that very run.
-    repository = load_recipe(REPO_RECIPES / "bb.toml")
+    repository = load_recipe(REPO_RECIPES / SHIPPED_FROM["bb"])
     assert same_training(shipped.source, repository) and shipped.train.seed in shipped.train.seeds
     assert repository.arm_names == shipped.arm_names
     for arm, directory in zip(BB, dirs):

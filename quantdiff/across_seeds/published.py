@@ -1,8 +1,9 @@
 """Published multi-seed results of a built-in set of models: the seeds.json that `quantdiff reproduce` wrote for
 the multi-seed run those models come from, shipped in the repository's results/<name>/.
 
-A built-in (`bb`) ships one seed's models, named in its recipe before training; a report on them measures that
-seed live and shows the published across-seed tables beside it, labelled as published. The document is checked
+A built-in (`bb`, `tiny`) ships one seed's models of a confirmatory run (the run's recipe, with only that seed);
+a report on them says so first, measures that seed live and shows the published across-seed tables beside it,
+labelled as published: one seed carries no claim, the run's family (its README) does. The document is checked
 for its schema before use, so a damaged or foreign file is one error line, never a table of wrong numbers.
 """
 
@@ -15,7 +16,8 @@ from quantdiff.across_seeds.document import SCHEMA, VERSION
 from quantdiff.core.errors import LoadError
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"  # the repository's published results (absent when installed)
-PUBLISHED = {"bb": RESULTS / "bb" / "seeds.json"}  # built-in name → its published across-seed document
+# built-in name → its published across-seed document: the confirmatory run whose seed 12 the built-in's models are
+PUBLISHED = {"bb": RESULTS / "confirm-bb" / "seeds.json", "tiny": RESULTS / "confirm-text" / "seeds.json"}
 REQUIRED = {"seeds": list, "arms": dict, "reference": (str, type(None)), "method": dict, "primary": dict, "metrics": dict, "sink_share": dict, "emergence": dict}
 
 

@@ -73,7 +73,25 @@ def _single_seed_report(trained, tasks: list, options: ReproduceOptions, tmp: Pa
     sections = [published_section(trained.built_in, seed, stats_doc)] if trained.built_in else []
     granularity = trained.recipe.analysis.granularity  # the real models' cells take the recipe's scales
     sections += [run_real_model(options.real_model, tmp, options.device, console, granularity=granularity)] if options.real_model else []
-    write_report_markdown(tmp / "report.md", stats_doc, cells_to_json(cells), kinds, context, emergence_markdown(curves), [s for s in sections if s])
+    write_report_markdown(tmp / "report.md", stats_doc, cells_to_json(cells), kinds, context, emergence_markdown(curves), [s for s in sections if s],
+                          lead=provenance_lead(trained.built_in, seed))
+
+
+def _run_link(seeds_document: Path) -> str:
+    run = seeds_document.parent
+    return f"`results/{run.name}/{seeds_document.name}`; its plan and family: `results/{run.name}/README.md`"
+
+
+def provenance_lead(built_in: str | None, seed: int) -> str | None:
+    """The report's first words on a built-in's models: one seed of which confirmatory run, and where its family is."""
+    from quantdiff.across_seeds.published import PUBLISHED
+
+    path = PUBLISHED.get(built_in) if built_in else None
+    if path is None:
+        return None
+    return (f"**These models are one seed ({seed}) of the confirmatory run `results/{path.parent.name}`**, trained by its "
+            f"recipe with only that seed. One seed carries no claim: the run's plan, its family of comparisons over every "
+            f"seed and their verdicts are in `results/{path.parent.name}/README.md` (and in the section 'Across seeds' below).")
 
 
 def published_section(built_in: str, seed: int, stats_doc: dict) -> str | None:
@@ -89,7 +107,7 @@ def published_section(built_in: str, seed: int, stats_doc: dict) -> str | None:
     heading = "## Across seeds (multi-seed, published)"
     if doc is None:
         return f"{heading}\n\nNot available: no published multi-seed document at `{path}` (it ships in the repository's results/)."
-    note = f"The shipped models are seed {seed} of the published run (`{path.name}`, {len(doc['seeds'])} seeds: {', '.join(map(str, doc['seeds']))})."
+    note = f"The shipped models are seed {seed} of the published run ({_run_link(path)}, {len(doc['seeds'])} seeds: {', '.join(map(str, doc['seeds']))})."
     if seed not in doc["seeds"]:
         note = f"**The shipped seed {seed} is not among the published seeds ({', '.join(map(str, doc['seeds']))}).**"
     body = f"{heading}\n\n{note} Measured live on the shipped seed beside the published values:\n\n" + live_beside_published(doc, model_values(stats_doc), seed)

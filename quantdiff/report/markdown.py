@@ -127,13 +127,15 @@ def figure8_markdown(cells: list[dict]) -> str:
 
 def write_report_markdown(
     path: Path, stats: dict, sweep: dict | None, kinds: dict[str, str], context: dict, emergence: str | None = None,
-    extra_sections: Sequence[str] = (),
+    extra_sections: Sequence[str] = (), lead: str | None = None,
 ) -> None:
     """Write report.md (atomically) from the stats and sweep JSON; `context` lists what was run on what;
     `emergence` is the section body built from the train logs (report.emergence), None to leave it out;
-    `extra_sections`: whole sections (with their headings) placed before the plots."""
+    `extra_sections`: whole sections (with their headings) placed before the plots; `lead`: a paragraph right
+    under the title (what the measured models are)."""
     parts = [
         "# quantdiff report",
+        *([lead] if lead else []),
         "Rows marked **ours** were measured by this run; rows marked **paper** are the numbers of "
         f"{paper.SOURCE}, for comparison only (3B models trained on 350B tokens — ours are far smaller).",
         "## Setup\n\n" + "\n".join(f"- {k}: {v}" for k, v in context.items()),

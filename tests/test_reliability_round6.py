@@ -13,7 +13,9 @@ import torch
 
 import quantdiff
 from quantdiff.core.errors import ConfigError
-from test_reliability import _fails  # noqa: F401
+from quantdiff.quant.kv_plan import KVCalibration, KVPlan, LayerPlan, derive_plan
+from test_reliability import _fails
+from test_reliability_round5 import _plan_document, _set  # a valid plan document, and a way to break one field
 
 
 # ---- one boundary for numbers ---------------------------------------------------------------------------------
@@ -36,7 +38,7 @@ def test_numpy_integers_become_ints_at_every_public_door(tiny_model, integer):
         assert (fmt.bits, fmt.group_size) == (4, 64) and type(fmt.bits) is int and type(fmt.group_size) is int
     assert type(quantdiff.parse_export("absmax", 8, format="gguf").bits) is int
     ids = torch.tensor([[1, 2, 3, 4]])
-    out = tiny_model.generate(ids, max_new_tokens=2, do_sample=False, past_key_values=quantdiff.kv_cache(tiny_model, bits=integer))
+    out = tiny_model.generate(ids, max_new_tokens=2, do_sample=False, cache=quantdiff.kv_cache(tiny_model, bits=integer))
     assert out.shape == (1, 6)
 
 
@@ -63,3 +65,65 @@ def test_the_export_formats_store_numpy_integers_as_ints():
     assert type(GGUFExport(np.int64(8)).bits) is int
     with pytest.raises(ConfigError, match="AbsmaxExport: bits"):
         AbsmaxExport(True)
+
+
+# ---- plans: strict field types, a budget the layers keep, the right flag -------------------------------------
+
+
+@pytest.mark.parametrize("path,raw,named", [
+    (("version",), "9" * 5000, "an integer of 5,000 digits is not a plan value"),
+    (("layers", 0, "keep_positions"), "[" + "1" * 4400 + "]", "an integer of 4,400 digits"),
+    (("version",), "1.0", "version 1.0 is not supported"),
+    (("layers", 0, "layer"), "0.0", "layers[0].layer must be an integer"),
+    (("layers", 1, "layer"), "true", "layers[1].layer must be an integer"),
+], ids=["version-digits", "position-digits", "version-float", "layer-float", "layer-bool"])
+def test_a_plan_field_of_the_wrong_json_type_is_one_line(tmp_path, path, raw, named):
+    """`raw`: the field's JSON text as a hand-edited file holds it (Python will not print a 5,000-digit int)."""
+    file = tmp_path / "p.json"
+    file.write_text(json.dumps(_set(_plan_document(), path, "@raw@")).replace('"@raw@"', raw))
+    with pytest.raises(ConfigError) as info:
+        KVPlan.load(file)
+    assert "\n" not in str(info.value) and named in str(info.value), info.value
+
+
+@pytest.mark.parametrize("policy,bits,keep,named", [
+    ("first", [[4, 4], [4, 4]], (0,), "average 4 bits, not its budget_bits 8"),  # the probe: budget 8, every head at 4
+    ("heads", [[9, 8], [8, 8]], (), "average 8.25 bits, not its budget_bits 8"),
+    ("massive", [[9, 7], [8, 8]], (3,), "policy massive holds every KV head at its budget of 8 bits"),
+    ("uniform", [[8, 8], [8, 8]], (0,), "policy uniform keeps no position"),
+    ("first", [[8, 8], [8, 8]], (1,), "policy first keeps the same first positions"),
+], ids=["probe", "heads-average", "massive-mixed", "uniform-keeps", "first-not-a-prefix"])
+def test_a_plan_whose_layers_do_not_keep_its_budget_is_refused_by_file_and_api(tmp_path, policy, bits, keep, named):
+    doc = _plan_document()
+    doc.update(policy=policy, budget_bits=8, layers=[{"layer": i, "kv_bits": row, "keep_positions": list(keep)} for i, row in enumerate(bits)])
+    file = tmp_path / "p.json"
+    file.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=named):
+        KVPlan.load(file)
+    with pytest.raises(ConfigError, match=named):
+        KVPlan(policy, 8, doc["model"], tuple(LayerPlan(tuple(row), keep) for row in bits))
+
+
+def test_every_policy_derives_a_plan_that_keeps_its_budget():
+    """The rule is how plans are made: each policy's plan passes it (heads: sinks up a step, as many down)."""
+    shape = {"kind": "standard", "layers": 2, "kv_heads": [2, 2], "query_heads": 2, "head_dim": 32}
+    calibrated = KVCalibration(shape, [[0.9, 0.1], [0.5, 0.0]], {0: 1.0, 3: 0.7}, {"source": "builtin:corpus-train", "seq_len": 64})
+    for policy in ("uniform", "first", "massive", "heads"):
+        plan = derive_plan(calibrated, policy, 4, keep_first=2)
+        heads = [b for layer in plan.layers for b in layer.kv_bits]
+        assert sum(heads) == 4 * len(heads), policy
+    assert [layer.kv_bits for layer in derive_plan(calibrated, "heads", 4).layers] == [(5, 3), (5, 3)]
+
+
+@pytest.mark.parametrize("single", [True, False], ids=["file", "directory"])
+def test_kv_plan_over_a_users_file_names_out_before_calibrating(tmp_path, capsys, monkeypatch, single):
+    import quantdiff.quant.kv_plan as kv_plan
+
+    monkeypatch.setattr(kv_plan, "calibrate_kv", lambda *a, **k: pytest.fail("calibrated before checking --out"))
+    out = tmp_path / ("plan.json" if single else "plans")
+    target = out if single else out / "first-4bit.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("the user's")
+    argv = ["kv-plan", "bb/standard", "--out", out] + ([] if single else ["--bits", "4,8"])
+    assert f"--out {target} exists and was not written by quantdiff" in _fails(capsys, argv)
+    assert target.read_text() == "the user's"

@@ -97,6 +97,7 @@ class KVPlan:
                 check_bits(bits)
             if any(isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= MAX_POSITION for p in layer.keep_positions):
                 raise ConfigError(f"kv plan: layer {index}: kept positions must be integers from 0 to {MAX_POSITION}")
+        check_budget(self.policy, self.budget_bits, self.layers)
 
     def expected_bits(self, seq_len: int) -> float:
         """Average bits per cached element of one sequence of `seq_len` tokens (kept positions at 16)."""
@@ -137,6 +138,24 @@ class KVPlan:
     @classmethod
     def load(cls, path: str | Path) -> KVPlan:
         return cls.from_dict(read_plan_json(path))
+
+
+def check_budget(policy: str, budget_bits: int, layers: tuple[LayerPlan, ...]) -> None:
+    """ConfigError unless the layers keep the budget as `derive_plan` makes plans, since a cell is labelled with the
+    budget (docs/reliability.md, "A plan's budget"): the average of the per-head bits over every (layer, KV head)
+    is exactly `budget_bits`; `uniform`, `first` and `massive` hold every head at it (only `heads` reallocates
+    bits); `uniform` keeps no position, `first` the first N positions in every layer. Kept positions are the
+    plan's cost over its budget, listed in the cell's record and measured per run (`measured_bits`)."""
+    bits = [b for layer in layers for b in layer.kv_bits]
+    if sum(bits) != budget_bits * len(bits):
+        raise ConfigError(f"kv plan: its KV heads average {sum(bits) / len(bits):.3g} bits, not its budget_bits {budget_bits}: a cell would be labelled with bits it did not run")
+    if policy != "heads" and set(bits) != {budget_bits}:
+        raise ConfigError(f"kv plan: policy {policy} holds every KV head at its budget of {budget_bits} bits, this plan has heads at {sorted(set(bits) - {budget_bits})}")
+    kept = [tuple(sorted(set(layer.keep_positions))) for layer in layers]
+    if policy == "uniform" and any(kept):
+        raise ConfigError(f"kv plan: policy uniform keeps no position at 16 bits, this plan keeps {next(k for k in kept if k)[:8]}")
+    if policy == "first" and any(k != tuple(range(len(kept[0]))) for k in kept):
+        raise ConfigError("kv plan: policy first keeps the same first positions 0 … N−1 in every layer")
 
 
 def model_shape(config) -> dict:

@@ -21,6 +21,7 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.quant.numerics import MAX_BITS, MIN_BITS
 
 MAX_PLAN_BYTES = 64 << 20  # a plan for 10,000 layers of 128 heads is a few MB
+MAX_DIGITS = 20  # a plan's integers (positions, token counts) fit in 64 bits
 MAX_POSITION = 2**31 - 1  # far beyond any model's positions; larger values overflow the index tensors
 PLAN_SCHEMA = "quantdiff.kv-plan"
 PLAN_VERSION = 1
@@ -50,11 +51,19 @@ def read_plan_json(path: str | Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot read kv plan {path}: {exc.strerror or exc}") from None
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"kv plan {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
     except RecursionError:
         raise ConfigError(f"kv plan {path}: JSON nested too deeply to be a plan") from None
+
+
+def _bounded_int(text: str) -> int:
+    """A JSON integer of at most MAX_DIGITS digits: a plan holds none longer, and Python refuses to convert one
+    of more than 4,300 digits with a ValueError (a version of 5,000 digits was a traceback)."""
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ConfigError(f"kv plan: an integer of {len(text.lstrip('-')):,} digits is not a plan value (at most {MAX_DIGITS})")
+    return int(text)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
@@ -73,6 +82,7 @@ def _known(value: dict, fields: tuple[str, ...], where: str) -> None:
 
 
 def _integer(value: Any, field: str, least: int, most: int) -> int:
+    """A JSON integer (never a float such as 0.0, nor true) from `least` to `most`."""
     if isinstance(value, bool) or not isinstance(value, Integral) or not least <= value <= most:
         raise ConfigError(f"kv plan: {field} must be an integer from {least} to {most}, got {value!r}")
     return int(value)
@@ -95,8 +105,8 @@ def check_plan_document(data: Any) -> None:
 
     if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
         raise ConfigError(f"not a KV plan: expected \"schema\": \"{PLAN_SCHEMA}\"")
-    if isinstance(data.get("version"), bool) or data.get("version") != PLAN_VERSION:
-        raise ConfigError(f"KV plan version {data.get('version')!r} is not supported (this quantdiff reads version {PLAN_VERSION})")
+    if type(data.get("version")) is not int or data["version"] != PLAN_VERSION:  # not true, not 1.0
+        raise ConfigError(f"KV plan version {data.get('version')!r:.40} is not supported (this quantdiff reads version {PLAN_VERSION})")
     _known(data, PLAN_FIELDS, "")
     missing = next((key for key in ("policy", "budget_bits", "model", "layers", "evidence") if key not in data), None)
     if missing is not None:
@@ -133,7 +143,7 @@ def check_plan_document(data: Any) -> None:
 def _check_layer(entry: dict, index: int, heads: int) -> None:
     where = f"layers[{index}]"
     _known(entry, LAYER_FIELDS, f"{where}.")
-    if "layer" in entry and (isinstance(entry["layer"], bool) or entry["layer"] != index):
+    if "layer" in entry and _integer(entry["layer"], f"{where}.layer", 0, MAX_POSITION) != index:
         raise ConfigError(f"kv plan: {where} is marked layer {entry['layer']!r}: entries are applied in list order, so layer i must be entry i")
     bits = _list(entry.get("kv_bits"), f"{where}.kv_bits")
     if len(bits) != heads:

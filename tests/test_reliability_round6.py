@@ -127,3 +127,84 @@ def test_kv_plan_over_a_users_file_names_out_before_calibrating(tmp_path, capsys
     argv = ["kv-plan", "bb/standard", "--out", out] + ([] if single else ["--bits", "4,8"])
     assert f"--out {target} exists and was not written by quantdiff" in _fails(capsys, argv)
     assert target.read_text() == "the user's"
+
+
+# ---- provenance by content ----------------------------------------------------------------------------------
+
+
+TEXT = "The calibration text of this test, which no task evaluates. " * 40
+
+
+@pytest.fixture(scope="module")
+def plan_from_a_file(tmp_path_factory):
+    """A plan made by kv-plan in its own directory, from the relative path data.txt: (directory, plan file)."""
+    import os
+
+    here = tmp_path_factory.mktemp("made")
+    (here / "data.txt").write_text(TEXT)
+    before = os.getcwd()
+    os.chdir(here)
+    try:
+        from quantdiff.cli.app import main
+
+        main(["kv-plan", "tiny/standard", "--calibration", "data.txt", "--calibration-tokens", "128", "--seq-len", "32",
+              "--out", "plan.json", "--quiet", "--device", "cpu"])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    finally:
+        os.chdir(before)
+    return here, here / "plan.json"
+
+
+def test_a_plan_records_the_sha256_of_its_calibration_file(plan_from_a_file):
+    import hashlib
+
+    here, plan = plan_from_a_file
+    record = json.loads(plan.read_text())["evidence"]["calibration"]
+    assert record["source"] == "data.txt" and record["sha256"] == hashlib.sha256(TEXT.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("evaluated", ["the-same-path-elsewhere", "symlink", "copy"])
+def test_a_plan_calibrated_on_the_evaluated_bytes_is_refused_wherever_they_lie(plan_from_a_file, tmp_path, monkeypatch, capsys, evaluated):
+    """The probe's three escapes: the plan made in another directory (its relative path names another file here),
+    a symlink's name, a byte copy. Each is the evaluation data by content."""
+    here, plan = plan_from_a_file
+    monkeypatch.chdir(tmp_path)
+    if evaluated == "the-same-path-elsewhere":
+        Path("data.txt").write_text("other text entirely, " * 40)  # what the plan's path names from here: not the data
+        data = here / "data.txt"
+    elif evaluated == "symlink":
+        data = tmp_path / "link.txt"
+        data.symlink_to(here / "data.txt")
+    else:
+        data = tmp_path / "copy.txt"
+        data.write_bytes((here / "data.txt").read_bytes())
+    line = _fails(capsys, ["eval", "tiny/standard", "--task", "lm", "--data", data, "--kv-plan", plan])
+    assert "its calibration holds the same bytes as the evaluation data" in line
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT + "one more sentence.")
+    from quantdiff.cli.transform_options import load_kv_plans
+
+    assert len(load_kv_plans([plan], other)) == 1  # other bytes: the plan applies
+
+
+def test_smoothing_calibrated_on_a_copy_of_the_evaluated_bytes_is_refused(tmp_path, capsys):
+    data, copy = tmp_path / "eval.txt", tmp_path / "calibration.txt"
+    data.write_text(TEXT)
+    copy.write_text(TEXT)
+    line = _fails(capsys, ["eval", "tiny/standard", "--task", "lm", "--data", data, "--bits", "8", "--site", "linear", "--smooth", "0.5", "--calibration", copy])
+    assert "--calibration holds the same bytes as the evaluation data" in line
+
+
+def test_a_plan_from_a_file_without_its_sha256_is_refused(plan_from_a_file, tmp_path, capsys):
+    _, plan = plan_from_a_file
+    doc = json.loads(plan.read_text())
+    del doc["evidence"]["calibration"]["sha256"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    line = _fails(capsys, ["eval", "tiny/standard", "--task", "lm", "--kv-plan", old])
+    assert "without recording its sha256" in line
+    doc["evidence"]["calibration"]["sha256"] = "abc"
+    old.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="evidence.calibration.sha256 must be the 64 hex digits"):
+        KVPlan.load(old)

@@ -303,7 +303,7 @@ def calibrate_kv(model: nn.Module, tokenizer, calibration, bos_id: int | None = 
     `calibration` (`quant.smoothing.Calibration`: data no task evaluates), with the largest |h| over channels kept
     per (sequence, position, layer) to locate the massive activations afterwards."""
     from quantdiff.attention.observe import observe
-    from quantdiff.data.sources import load_sequences, make_batches
+    from quantdiff.data.sources import BUILTINS, file_sha256, load_sequences, make_batches
     from quantdiff.stats.collect import StatsCollector
     from quantdiff.stats.massive import MIN_MAGNITUDE, MIN_RATIO
 
@@ -337,7 +337,8 @@ def calibrate_kv(model: nn.Module, tokenizer, calibration, bos_id: int | None = 
         flagged[:width] += above.sum(dim=0)
     share = {p: flagged[p].item() / seen[p].item() for p in range(seq_len) if flagged[p] > 0}
     summary = collector.sinks.summary()
-    record = {**calibration.to_dict(), "tokens": sum(map(len, sequences)), "sequences": len(sequences), "seq_len": seq_len, "bos_id": bos_id,
+    digest = {} if calibration.source in BUILTINS else {"sha256": file_sha256(calibration.source, "--calibration")}  # provenance by content
+    record = {**calibration.to_dict(), **digest, "tokens": sum(map(len, sequences)), "sequences": len(sequences), "seq_len": seq_len, "bos_id": bos_id,
               "layer_thresholds": thresholds.tolist()}
     return KVCalibration(model_shape(config), summary["per_head"], share, record)
 

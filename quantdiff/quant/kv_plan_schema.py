@@ -5,7 +5,8 @@ field, never an AttributeError, an overflow or a plan applied otherwise than it 
 Besides the types: no unknown or repeated field (a misspelt one would be ignored); the version this quantdiff reads; `quantizer`, when given, is the one applied; per layer
 entry, `layer` (when given) is its index, since entries are applied in list order; bits per KV head 2–16;
 kept positions below MAX_POSITION; `evidence` an object, whose `calibration.source`, when given, names the
-calibration data (`--kv-plan` requires it: `cli.transform_options.load_kv_plans`).
+calibration data (`--kv-plan` requires it: `cli.transform_options.load_kv_plans`), and whose `calibration.sha256`,
+when given, is a sha256 in hex (the calibration file's content, compared with the evaluation data's).
 Files are read as quantdiff's inputs are: a regular file (`data.sources.check_data_file`), at most
 MAX_PLAN_BYTES, UTF-8, JSON of bounded nesting.
 """
@@ -13,6 +14,7 @@ MAX_PLAN_BYTES, UTF-8, JSON of bounded nesting.
 from __future__ import annotations
 
 import json
+import re
 from numbers import Integral
 from pathlib import Path
 from typing import Any
@@ -135,9 +137,13 @@ def check_plan_document(data: Any) -> None:
         _check_layer(_object(entry, f"layers[{index}]"), index, kv_heads[index])
     evidence = _object(data["evidence"], "evidence")
     if "calibration" in evidence:
-        source = _object(evidence["calibration"], "evidence.calibration").get("source")
+        calibration = _object(evidence["calibration"], "evidence.calibration")
+        source = calibration.get("source")
         if not isinstance(source, str) or not source:
             raise ConfigError(f"kv plan: evidence.calibration.source must name the calibration data, got {source!r}")
+        digest = calibration.get("sha256")
+        if "sha256" in calibration and not (isinstance(digest, str) and re.fullmatch("[0-9a-f]{64}", digest)):
+            raise ConfigError(f"kv plan: evidence.calibration.sha256 must be the 64 hex digits of a sha256, got {json.dumps(digest)[:80]}")
 
 
 def _check_layer(entry: dict, index: int, heads: int) -> None:

@@ -117,9 +117,9 @@ def test_every_policy_derives_a_plan_that_keeps_its_budget():
 
 @pytest.mark.parametrize("single", [True, False], ids=["file", "directory"])
 def test_kv_plan_over_a_users_file_names_out_before_calibrating(tmp_path, capsys, monkeypatch, single):
-    import quantdiff.quant.kv_plan as kv_plan
+    import quantdiff.jobs.kv_plan as job
 
-    monkeypatch.setattr(kv_plan, "calibrate_kv", lambda *a, **k: pytest.fail("calibrated before checking --out"))
+    monkeypatch.setattr(job, "calibrate_kv", lambda *a, **k: pytest.fail("calibrated before checking --out"))
     out = tmp_path / ("plan.json" if single else "plans")
     target = out if single else out / "first-4bit.json"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -208,3 +208,46 @@ def test_a_plan_from_a_file_without_its_sha256_is_refused(plan_from_a_file, tmp_
     old.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="evidence.calibration.sha256 must be the 64 hex digits"):
         KVPlan.load(old)
+
+
+# ---- one non-finite guard -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tensor", ["model.layers.1.self_attn.q_proj.weight", "model.embed_tokens.weight"], ids=["some-nan", "all-nan"])
+def test_kv_plan_refuses_to_derive_a_plan_from_non_finite_activations(tmp_path, capsys, tensor):
+    """The probe: NaN attention logits dropped out of every sink mass, which read 0.0, and the plan was written."""
+    from test_bad_input import _nan_model
+
+    src, out = _nan_model(tmp_path, tensor), tmp_path / "plan.json"
+    line = _fails(capsys, ["kv-plan", src, "--calibration", "builtin:corpus-train", "--calibration-tokens", "128", "--seq-len", "32", "--out", out])
+    assert "were non-finite" in line and "(" in line and "NaN" in line and "a kv plan (sink masses, massive positions) would be derived from them" in line
+    assert not out.exists()
+
+
+def test_smoothing_refuses_scales_from_non_finite_linear_inputs(tmp_path, capsys):
+    from test_bad_input import _nan_model
+
+    src = _nan_model(tmp_path, "model.embed_tokens.weight")
+    line = _fails(capsys, ["eval", src, "--task", "lm", "--limit", "1", "--bits", "8", "--site", "linear", "--smooth", "0.5", "--calibration-tokens", "128"])
+    assert "linear inputs were non-finite" in line and "smoothing scales (channel maxima) would be derived from them" in line
+
+
+def test_the_linear_inputs_count_nan_and_inf_among_observed_positions_only():
+    from quantdiff.stats.channels import ChannelStats
+
+    stats = ChannelStats.empty(1, 3)
+    x = torch.tensor([[1.0, float("nan"), float("-inf")], [float("nan"), float("inf"), 2.0], [float("nan")] * 3])
+    stats.update(0, 1, x, valid=torch.tensor([True, True, False]))  # the third position is padding
+    assert (int(stats.nan[0, 1]), int(stats.inf[0, 1]), int(stats.finite[0, 1])) == (2, 2, 2)
+    assert float(stats.input_absmax[0, 1].max()) == 2.0
+    back = ChannelStats.from_dict(json.loads(json.dumps(stats.to_dict())))
+    assert torch.equal(back.nan, stats.nan) and torch.equal(back.inf, stats.inf)
+    merged = ChannelStats.empty(1, 3).merge(stats).merge(back)
+    assert int(merged.nan[0, 1]) == 4
+
+
+def test_stats_eval_and_calibration_say_it_in_the_guards_words():
+    from quantdiff.stats.nonfinite import NonFinite, split
+
+    assert split("hidden states", 3, 1, 396).text() == "1.0% of hidden states were non-finite (3 NaN, 1 Inf)"
+    assert NonFinite("scored positions' logits", 12).text() == "12 scored positions' logits were non-finite"

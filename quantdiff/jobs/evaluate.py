@@ -99,12 +99,13 @@ def report(
     line per model saying what opened its sequences; write them as JSON if asked, with each model's `sources` and
     `bos` records (`-`: to stdout, the table then to stderr, as with `stderr`); an existing JSON file is replaced
     only if quantdiff wrote it, or with `force`."""
-    from quantdiff.report.console import table_console, warn
-    from quantdiff.report.sweep_report import invalid_reason, sweep_table
+    from quantdiff.report.console import table_console
+    from quantdiff.report.sweep_report import sweep_table
+    from quantdiff.stats.nonfinite import NonFinite, warn_nonfinite
 
     for cell in cells:
         if not cell.valid:
-            warn(f"{cell.model} · {cell_label(cell)}: {invalid_reason(cell)}; its metrics are null")
+            warn_nonfinite(f"{cell.model} · {cell_label(cell)}", [NonFinite("scored positions' logits", cell.nonfinite_logits)], "its metrics are null")
     table = sweep_table(cells, task.metrics, task.headline, title=f"task: {task.name}")
     to_stdout = str(json_path) == STDOUT
     out = table_console(table, highlight=False, stderr=to_stdout or stderr, quiet=quiet)  # piped: whole rows, not rich's 80 columns

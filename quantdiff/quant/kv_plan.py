@@ -306,6 +306,7 @@ def calibrate_kv(model: nn.Module, tokenizer, calibration, bos_id: int | None = 
     from quantdiff.data.sources import BUILTINS, file_sha256, load_sequences, make_batches
     from quantdiff.stats.collect import StatsCollector
     from quantdiff.stats.massive import MIN_MAGNITUDE, MIN_RATIO
+    from quantdiff.stats.nonfinite import in_stats, refuse_nonfinite
 
     config = model.config
     seq_len = calibration.length(config)
@@ -323,6 +324,7 @@ def calibrate_kv(model: nn.Module, tokenizer, calibration, bos_id: int | None = 
         for batch in batches:
             peaks.append([])
             collector.run(model, batch)
+    refuse_nonfinite(structure.model_label(model), in_stats(collector.stats), "a kv plan (sink masses, massive positions)")
     medians = [collector.stats.hidden.pooled([l]).summary((0.5,))["median"] for l in range(collector.stats.layers)]
     token_peaks = torch.cat([torch.stack(per_layer, dim=-1)[_real(batch)] for batch, per_layer in zip(batches, peaks)])  # (tokens, layers)
     typical = token_peaks.median(dim=0).values

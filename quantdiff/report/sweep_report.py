@@ -38,7 +38,9 @@ def sweep_table(cells: Sequence[Cell], metrics: Sequence[str], headline: str, ti
 
 def invalid_reason(cell: Cell) -> str:
     """Why a cell has no metrics ("" for a valid cell)."""
-    return "" if cell.valid else f"non-finite logits at {cell.nonfinite_logits:,} scored positions"
+    from quantdiff.stats.nonfinite import NonFinite
+
+    return "" if cell.valid else NonFinite("scored positions' logits", cell.nonfinite_logits).text()
 
 
 @dataclass(frozen=True)

@@ -251,3 +251,72 @@ def test_stats_eval_and_calibration_say_it_in_the_guards_words():
 
     assert split("hidden states", 3, 1, 396).text() == "1.0% of hidden states were non-finite (3 NaN, 1 Inf)"
     assert NonFinite("scored positions' logits", 12).text() == "12 scored positions' logits were non-finite"
+
+
+# ---- labels that tell the truth -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kv_tensor_export(tmp_path_factory):
+    """tiny/standard exported with 8-bit weights and a recorded NON-CAUSAL kv quantization (4 bits, KIVI)."""
+    from quantdiff.cli.app import main
+
+    out = tmp_path_factory.mktemp("export") / "kv-tensor"
+    try:
+        main(["quantize", "tiny/standard", "--bits", "8", "--attention-bits", "4", "--attention-site", "kv", "--attention-granularity", "tensor",
+              "--out", str(out), "--quiet"])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    return out
+
+
+@pytest.mark.slow(seconds=20)
+def test_a_cell_of_an_export_says_what_its_recorded_quantizer_ran(kv_tensor_export, tmp_path, capsys):
+    """The probe: such an export evaluated as "method": null, "causal": true."""
+    from quantdiff.cli.app import main
+
+    out = tmp_path / "cells.json"
+    main(["eval", str(kv_tensor_export), "--task", "lm", "--limit", "1", "--json", str(out)])
+    [cell] = json.loads(out.read_text())["cells"]
+    assert (cell["method"], cell["bits"], cell["site"], cell["granularity"], cell["causal"]) == ("absmax", 4, "kv", "tensor", False)
+    assert cell["recorded"] == [{"method": "absmax", "bits": 4, "site": "kv", "granularity": "tensor"}]
+    assert "absmax 4b @kv [tensor, non-causal] (recorded in the export)" in capsys.readouterr().out  # the table keeps the brackets
+    main(["eval", str(kv_tensor_export), "--task", "lm", "--limit", "1", "--bits", "8", "--json", str(out), "--force"])
+    [cell] = json.loads(out.read_text())["cells"]  # a causal cell of its own on top: still not causal
+    assert (cell["method"], cell["site"], cell["granularity"], cell["causal"]) == ("absmax", "logits", "row", False)
+
+
+@pytest.mark.slow(seconds=10)
+def test_the_exports_recorded_kv_quantizer_is_named_when_it_blocks_site_kv(kv_tensor_export, capsys):
+    line = _fails(capsys, ["eval", kv_tensor_export, "--task", "lm", "--limit", "1", "--bits", "4", "--site", "kv"])
+    assert "its export records absmax 4b @kv [tensor, non-causal] (config.json quantization_config.attention)" in line
+    assert "already has" not in line
+
+
+def test_every_run_time_quantizer_an_export_records_is_described():
+    from quantdiff.quant.checkpoint import recorded_quantization
+
+    llm_int8 = recorded_quantization({"method": "llm-int8", "threshold": 6.0})
+    assert llm_int8 == [{"method": "llm-int8", "bits": 8, "site": "linear", "granularity": "tensor"}]  # bitsandbytes: over the prompt
+    attention = quantdiff.parse_config("absmax", 6, "qk", "row").to_dict()
+    w8a8 = recorded_quantization({"method": "compressed-tensors", "bits": 8, "attention": attention})
+    assert w8a8 == [{"method": "compressed-tensors", "bits": 8, "site": "linear", "granularity": "row"},
+                    {"method": "absmax", "bits": 6, "site": "qk", "granularity": "row"}]
+    assert recorded_quantization({"method": "absmax", "bits": 4}) == []
+
+
+def test_a_cell_is_causal_only_when_every_quantizer_that_ran_is():
+    from quantdiff.eval.sweep import Cell, cell_label, cells_from_json
+
+    recorded = [{"method": "llm-int8", "bits": 8, "site": "linear", "granularity": "tensor"}]
+    own = Cell("m", "lm", "absmax", 8, "logits", {"loss": 1.0}, granularity="row", recorded=recorded)
+    assert own.causal is False and own.to_dict()["causal"] is False
+    assert cell_label(own) == "absmax 8b @logits + llm-int8 8b @linear [tensor, non-causal] (recorded in the export)"
+    [back] = cells_from_json({"cells": [own.to_dict()]})
+    assert back == own
+    assert Cell("m", "lm", "absmax", 8, "logits", granularity="row").causal is True
+
+
+def test_eval_refuses_a_granularity_without_bits(capsys):
+    line = _fails(capsys, ["eval", "tiny/standard", "--task", "lm", "--granularity", "tensor"])
+    assert "--granularity" in line and "give --bits too" in line

@@ -79,6 +79,8 @@ def run_prepared(
     target = resolve_device(device)
     for prepared in models if blocks is not None else []:
         split_blocks(prepared.data, blocks)  # too few items for the blocks: refused before any weights load
+    for prepared in models:
+        check_recorded_sites(prepared, configs)
     cells: list[Cell] = []
     with task_bars(quiet, transient=True) as progress:
         for prepared in models:
@@ -89,6 +91,24 @@ def run_prepared(
             cells.extend(run_model_cells(prepared.name, model, task, prepared.data, model_configs, progress, include_reference, allow_partial, blocks))
             del model
     return cells
+
+
+def check_recorded_sites(prepared: PreparedModel, configs: Sequence[QuantConfig]) -> None:
+    """ConfigError, before any weights load, for a configuration at an attention site whose quantizer the model's
+    export already records (`checkpoint.recorded_in`): re-applied on load, it holds the site's one slot, and the
+    refusal says where it came from rather than that some layer 'already has' a quantizer."""
+    from quantdiff.eval.sweep import describe, label
+    from quantdiff.quant.checkpoint import recorded_in
+    from quantdiff.quant.sites import LinearSite
+
+    recorded = {r["site"]: r for r in recorded_in(prepared.path) if r["site"] != "linear"}
+    for config in configs:
+        site = describe(config)[2]
+        if site in recorded and not isinstance(config.site, LinearSite):
+            held = recorded[site]
+            raise ConfigError(f"{prepared.name}: its export records {label(held['method'], held['bits'], site, granularity=held['granularity'])} "
+                              f"(config.json quantization_config.attention), which quantdiff re-applies on load: site {site} cannot take another "
+                              "quantization; evaluate the model it was exported from")
 
 
 def report(
@@ -111,7 +131,7 @@ def report(
     out = table_console(table, highlight=False, stderr=to_stdout or stderr, quiet=quiet)  # piped: whole rows, not rich's 80 columns
     out.print(table)
     for name, choice in (bos or {}).items():
-        out.print(describe_bos(name, choice.to_dict()), soft_wrap=True)
+        out.print(describe_bos(name, choice.to_dict()), soft_wrap=True, markup=False)  # "[train] bos" is text
     if json_path is not None:
         write_json(json_path, cells_to_json(cells, sources, {name: choice.to_dict() for name, choice in (bos or {}).items()}), indent=2, force=force)
         if not to_stdout:

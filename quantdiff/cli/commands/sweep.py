@@ -152,8 +152,8 @@ def evaluate(
     from quantdiff.models.source import model_sources
     from quantdiff.quant.sites import parse_config
 
-    if bits is None and (method is not None or site is not None or group_size is not None or rotate is not None or smooth is not None):
-        raise ConfigError("--method, --site, --group-size, --rotate and --smooth choose how to quantize: give --bits too")
+    if bits is None and not kv_plan and (method is not None or site is not None or group_size is not None or rotate is not None or smooth is not None or granularity != "row"):
+        raise ConfigError("--method, --site, --group-size, --granularity, --rotate and --smooth choose how to quantize: give --bits too")
     if kv_plan and (bits is not None or method is not None or site is not None or len(kv_plan) > 1):
         raise ConfigError("--kv-plan is one quantization of its own (site kv, its budget sets the bits): give one plan, without --bits, --method or --site")
     check_group_option(group_size, [site or "logits"])

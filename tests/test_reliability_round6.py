@@ -320,3 +320,40 @@ def test_a_cell_is_causal_only_when_every_quantizer_that_ran_is():
 def test_eval_refuses_a_granularity_without_bits(capsys):
     line = _fails(capsys, ["eval", "tiny/standard", "--task", "lm", "--granularity", "tensor"])
     assert "--granularity" in line and "give --bits too" in line
+
+
+# ---- the lm default context ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def short_model(tmp_path_factory):
+    """tiny/standard with 128 positions (RoPE: the weights do not depend on it)."""
+    import shutil
+
+    from quantdiff.models.names import ASSETS
+
+    out = tmp_path_factory.mktemp("short") / "m128"
+    shutil.copytree(ASSETS / "tiny" / "standard", out)
+    config = json.loads((out / "config.json").read_text())
+    config["max_position_embeddings"] = 128
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_the_lm_default_context_fits_the_fewest_positions_of_the_models(short_model, tmp_path, capsys):
+    """The default 256 once refused a 128-position model ("use at most 128") although no --context was given;
+    beside a 256-position model, both get windows of 128, so their cells compare."""
+    from quantdiff.cli.app import main
+    from quantdiff.cli.task_options import fit_default_context
+    from quantdiff.eval.tasks.lm import LMTask
+    from quantdiff.models.names import ASSETS
+
+    out = tmp_path / "cells.json"
+    main(["eval", str(short_model), "--task", "lm", "--limit", "1", "--json", str(out), "--quiet"])
+    assert json.loads(out.read_text())["cells"][0]["tokens"] == 127  # one window of 128 tokens: 127 scored (no BOS on tiny)
+    both = [("short", short_model), ("tiny", ASSETS / "tiny" / "standard")]
+    assert fit_default_context(LMTask(), None, both).context == 128
+    assert fit_default_context(LMTask(context=64), 64, both).context == 64  # given: kept
+    assert fit_default_context(LMTask(), None, both[1:]).context == 256
+    line = _fails(capsys, ["eval", short_model, "--task", "lm", "--context", "200"])
+    assert "200 tokens exceeds the model's 128 positions" in line

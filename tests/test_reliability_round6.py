@@ -357,3 +357,21 @@ def test_the_lm_default_context_fits_the_fewest_positions_of_the_models(short_mo
     assert fit_default_context(LMTask(), None, both[1:]).context == 256
     line = _fails(capsys, ["eval", short_model, "--task", "lm", "--context", "200"])
     assert "200 tokens exceeds the model's 128 positions" in line
+
+
+def test_a_plan_given_through_the_api_with_a_huge_integer_is_one_line():
+    """Past the file reader's digit bound (a dict from the caller), no message may print the integer itself."""
+    for path in (("version",), ("policy",), ("layers", 0, "layer"), ("budget_bits",), ("model", "kind")):
+        with pytest.raises(ConfigError, match="an integer of 16,610 bits") as info:
+            KVPlan.from_dict(_with(path, 10**5000))
+        assert "\n" not in str(info.value)
+
+
+def _with(path: tuple, value) -> dict:
+    """`_plan_document()` with one field set to `value`, without a JSON round trip (which cannot print it)."""
+    doc = _plan_document()
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return doc

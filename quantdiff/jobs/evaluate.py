@@ -99,12 +99,11 @@ def check_recorded_sites(prepared: PreparedModel, configs: Sequence[QuantConfig]
     refusal says where it came from rather than that some layer 'already has' a quantizer."""
     from quantdiff.eval.sweep import describe, label
     from quantdiff.quant.checkpoint import recorded_in
-    from quantdiff.quant.sites import LinearSite
 
-    recorded = {r["site"]: r for r in recorded_in(prepared.path) if r["site"] != "linear"}
+    recorded = {r["site"]: r for r in recorded_in(prepared.path) if r["site"] != "linear"}  # linear: input hooks, no slot
     for config in configs:
         site = describe(config)[2]
-        if site in recorded and not isinstance(config.site, LinearSite):
+        if site in recorded:
             held = recorded[site]
             raise ConfigError(f"{prepared.name}: its export records {label(held['method'], held['bits'], site, granularity=held['granularity'])} "
                               f"(config.json quantization_config.attention), which quantdiff re-applies on load: site {site} cannot take another "

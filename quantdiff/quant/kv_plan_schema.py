@@ -83,10 +83,18 @@ def _known(value: dict, fields: tuple[str, ...], where: str) -> None:
         raise ConfigError(f"kv plan: unknown field {where}{unknown[0]!r} (known: {', '.join(fields)})")
 
 
+def _shown(value: Any) -> str:
+    """`value` for a message, at most 40 characters; an integer too long for Python to print (a plan given as a
+    dict through the API skips the reader's digit bound) by its size."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length():,} bits"
+    return f"{value!r:.40}"
+
+
 def _integer(value: Any, field: str, least: int, most: int) -> int:
     """A JSON integer (never a float such as 0.0, nor true) from `least` to `most`."""
     if isinstance(value, bool) or not isinstance(value, Integral) or not least <= value <= most:
-        raise ConfigError(f"kv plan: {field} must be an integer from {least} to {most}, got {value!r}")
+        raise ConfigError(f"kv plan: {field} must be an integer from {least} to {most}, got {_shown(value)}")
     return int(value)
 
 
@@ -108,20 +116,20 @@ def check_plan_document(data: Any) -> None:
     if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
         raise ConfigError(f"not a KV plan: expected \"schema\": \"{PLAN_SCHEMA}\"")
     if type(data.get("version")) is not int or data["version"] != PLAN_VERSION:  # not true, not 1.0
-        raise ConfigError(f"KV plan version {data.get('version')!r:.40} is not supported (this quantdiff reads version {PLAN_VERSION})")
+        raise ConfigError(f"KV plan version {_shown(data.get('version'))} is not supported (this quantdiff reads version {PLAN_VERSION})")
     _known(data, PLAN_FIELDS, "")
     missing = next((key for key in ("policy", "budget_bits", "model", "layers", "evidence") if key not in data), None)
     if missing is not None:
         raise ConfigError(f"kv plan: the field {missing!r} is missing")
     if data["policy"] not in POLICIES:
-        raise ConfigError(f"kv plan: unknown policy {data['policy']!r} (choose from {', '.join(POLICIES)})")
+        raise ConfigError(f"kv plan: unknown policy {_shown(data['policy'])} (choose from {', '.join(POLICIES)})")
     _integer(data["budget_bits"], "budget_bits", MIN_BITS, MAX_BITS)
     if "quantizer" in data and data["quantizer"] not in (QUANTIZER, EARLIER_QUANTIZER):
         raise ConfigError(f"kv plan: quantizer {json.dumps(data['quantizer'])[:80]} is not the one applied ({json.dumps(QUANTIZER)})")
     model = _object(data["model"], "model")
     _known(model, MODEL_FIELDS, "model.")
     if not isinstance(model.get("kind"), str):
-        raise ConfigError(f"kv plan: model.kind must be a string, got {model.get('kind')!r}")
+        raise ConfigError(f"kv plan: model.kind must be a string, got {_shown(model.get('kind'))}")
     layers = _integer(model.get("layers"), "model.layers", 1, MAX_POSITION)
     for key in ("query_heads", "head_dim"):
         _integer(model.get(key), f"model.{key}", 1, MAX_POSITION)
@@ -140,7 +148,7 @@ def check_plan_document(data: Any) -> None:
         calibration = _object(evidence["calibration"], "evidence.calibration")
         source = calibration.get("source")
         if not isinstance(source, str) or not source:
-            raise ConfigError(f"kv plan: evidence.calibration.source must name the calibration data, got {source!r}")
+            raise ConfigError(f"kv plan: evidence.calibration.source must name the calibration data, got {_shown(source)}")
         digest = calibration.get("sha256")
         if "sha256" in calibration and not (isinstance(digest, str) and re.fullmatch("[0-9a-f]{64}", digest)):
             raise ConfigError(f"kv plan: evidence.calibration.sha256 must be the 64 hex digits of a sha256, got {json.dumps(digest)[:80]}")
@@ -150,7 +158,7 @@ def _check_layer(entry: dict, index: int, heads: int) -> None:
     where = f"layers[{index}]"
     _known(entry, LAYER_FIELDS, f"{where}.")
     if "layer" in entry and _integer(entry["layer"], f"{where}.layer", 0, MAX_POSITION) != index:
-        raise ConfigError(f"kv plan: {where} is marked layer {entry['layer']!r}: entries are applied in list order, so layer i must be entry i")
+        raise ConfigError(f"kv plan: {where} is marked layer {_shown(entry['layer'])}: entries are applied in list order, so layer i must be entry i")
     bits = _list(entry.get("kv_bits"), f"{where}.kv_bits")
     if len(bits) != heads:
         raise ConfigError(f"kv plan: layer {index} gives bits for {len(bits)} KV heads, the model has {heads}")

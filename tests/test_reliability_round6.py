@@ -375,3 +375,21 @@ def _with(path: tuple, value) -> dict:
         node = node[key]
     node[path[-1]] = value
     return doc
+
+
+@pytest.mark.slow(seconds=5)
+def test_the_api_names_the_exports_record_when_it_holds_the_site(kv_tensor_export):
+    model = quantdiff.load(kv_tensor_export, device="cpu")
+    for config in (quantdiff.parse_config("absmax", 4, "kv"), quantdiff.QuantConfig(quantdiff.AbsmaxMethod(4), quantdiff.KVSite(_plan_for(model)))):
+        with pytest.raises(ConfigError, match="the model's export records absmax 4-bit at site kv, re-applied on load"):
+            with quantdiff.quantized(model, config):
+                pass
+    with quantdiff.quantized(model, quantdiff.parse_config("absmax", 4, "logits")):  # another site: free
+        pass
+
+
+def _plan_for(model) -> KVPlan:
+    from quantdiff.quant.kv_plan import model_shape
+
+    shape = model_shape(model.config)
+    return KVPlan("uniform", 4, shape, tuple(LayerPlan((4,) * heads) for heads in shape["kv_heads"]))

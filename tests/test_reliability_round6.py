@@ -213,6 +213,7 @@ def test_a_plan_from_a_file_without_its_sha256_is_refused(plan_from_a_file, tmp_
 # ---- one non-finite guard -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow(seconds=6)
 @pytest.mark.parametrize("tensor", ["model.layers.1.self_attn.q_proj.weight", "model.embed_tokens.weight"], ids=["some-nan", "all-nan"])
 def test_kv_plan_refuses_to_derive_a_plan_from_non_finite_activations(tmp_path, capsys, tensor):
     """The probe: NaN attention logits dropped out of every sink mass, which read 0.0, and the plan was written."""
@@ -224,6 +225,7 @@ def test_kv_plan_refuses_to_derive_a_plan_from_non_finite_activations(tmp_path, 
     assert not out.exists()
 
 
+@pytest.mark.slow(seconds=8)
 def test_smoothing_refuses_scales_from_non_finite_linear_inputs(tmp_path, capsys):
     from test_bad_input import _nan_model
 
@@ -270,7 +272,7 @@ def kv_tensor_export(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=8)
 def test_a_cell_of_an_export_says_what_its_recorded_quantizer_ran(kv_tensor_export, tmp_path, capsys):
     """The probe: such an export evaluated as "method": null, "causal": true."""
     from quantdiff.cli.app import main
@@ -286,7 +288,7 @@ def test_a_cell_of_an_export_says_what_its_recorded_quantizer_ran(kv_tensor_expo
     assert (cell["method"], cell["site"], cell["granularity"], cell["causal"]) == ("absmax", "logits", "row", False)
 
 
-@pytest.mark.slow(seconds=10)
+@pytest.mark.slow(seconds=2)
 def test_the_exports_recorded_kv_quantizer_is_named_when_it_blocks_site_kv(kv_tensor_export, capsys):
     line = _fails(capsys, ["eval", kv_tensor_export, "--task", "lm", "--limit", "1", "--bits", "4", "--site", "kv"])
     assert "its export records absmax 4b @kv [tensor, non-causal] (config.json quantization_config.attention)" in line
@@ -340,6 +342,7 @@ def short_model(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow(seconds=4)
 def test_the_lm_default_context_fits_the_fewest_positions_of_the_models(short_model, tmp_path, capsys):
     """The default 256 once refused a 128-position model ("use at most 128") although no --context was given;
     beside a 256-position model, both get windows of 128, so their cells compare."""
@@ -377,7 +380,7 @@ def _with(path: tuple, value) -> dict:
     return doc
 
 
-@pytest.mark.slow(seconds=5)
+@pytest.mark.slow(seconds=3)
 def test_the_api_names_the_exports_record_when_it_holds_the_site(kv_tensor_export):
     model = quantdiff.load(kv_tensor_export, device="cpu")
     for config in (quantdiff.parse_config("absmax", 4, "kv"), quantdiff.QuantConfig(quantdiff.AbsmaxMethod(4), quantdiff.KVSite(_plan_for(model)))):

@@ -371,12 +371,11 @@ def test_a_plan_given_through_the_api_with_a_huge_integer_is_one_line():
 
 
 def _with(path: tuple, value) -> dict:
-    """`_plan_document()` with one field set to `value`, without a JSON round trip (which cannot print it)."""
+    """A fresh `_plan_document()` with one field set in place to `value` (`_set`'s JSON round trip cannot print it)."""
+    from functools import reduce
+
     doc = _plan_document()
-    node = doc
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
+    reduce(lambda node, key: node[key], path[:-1], doc)[path[-1]] = value
     return doc
 
 

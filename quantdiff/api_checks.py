@@ -15,6 +15,7 @@ from torch import nn
 
 from quantdiff.core.errors import ConfigError, DataError
 from quantdiff.core.integers import as_int
+from quantdiff.core.typed import plain_numbers
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -94,16 +95,18 @@ def tile_size(value: Any) -> int | None:
 
 def arguments(function: F) -> F:
     """`function` with its call checked against its signature first: an unknown keyword, a missing or an extra
-    argument is one ConfigError line naming the parameters, as `load` refuses an unknown keyword."""
+    argument is one ConfigError line naming the parameters, as `load` refuses an unknown keyword; then every
+    number normalised once (`core.typed.plain_numbers`: numpy integers become ints, bools are refused)."""
     signature = inspect.signature(function)
 
     @functools.wraps(function)
     def checked(*args: Any, **kwargs: Any) -> Any:
         try:
-            signature.bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise ConfigError(f"{function.__name__}(): {exc} (parameters: {', '.join(signature.parameters)})") from None
-        return function(*args, **kwargs)
+        plain_numbers(function, bound)
+        return function(*bound.args, **bound.kwargs)
 
     return checked  # type: ignore[return-value]
 

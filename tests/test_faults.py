@@ -545,7 +545,7 @@ def test_non_finite_logits_make_sweep_cells_invalid_not_chance(tmp_path, capsys)
     cells = json.loads(json_path.read_text())["cells"]
     assert len(cells) == 2 and all(c["acc"] is None and c["acc_norm"] is None and c["valid"] is False for c in cells)
     assert all(c["nonfinite_logits"] > 0 and c["items"] == 4 for c in cells)
-    assert err.count("warning: ") == 2 and "non-finite logits" in err  # on stderr although --quiet
+    assert err.count("warning: ") == 2 and "scored positions' logits were non-finite" in err  # on stderr although --quiet
     assert all(line.startswith("warning: ") for line in err.splitlines()), err
     assert out == ""  # --quiet: no table
     assert plot.stat().st_size > 0  # the chart copes with cells that have no value

@@ -30,7 +30,7 @@ def prompt(seed: int = 0) -> torch.Tensor:
 
 def sink_plan(model) -> KVPlan:
     """Per-head widths (a 16-bit head among them) and the first position kept, as the `heads`/`first` policies make."""
-    return KVPlan("heads", 4, model_shape(model.config), (LayerPlan((3, 16), (0,)), LayerPlan((5, 4), (0, 7))))
+    return KVPlan("heads", 7, model_shape(model.config), (LayerPlan((3, 16), (0,)), LayerPlan((5, 4), (0, 7))))  # heads average 7 bits
 
 
 def greedy(model, ids: torch.Tensor, cache=None):
@@ -85,7 +85,7 @@ def test_generate_through_the_quantized_cache_equals_the_kv_site_in_a_full_forwa
     model = models[kind]
     plan = sink_plan(model) if setting == "plan" else None
     group = 4 if setting == "grouped" else None
-    config = QuantConfig(AbsmaxMethod(4), KVSite(plan, group_size=group))
+    config = QuantConfig(AbsmaxMethod(plan.budget_bits if plan else 4), KVSite(plan, group_size=group))
     with torch.no_grad():
         sequences, steps = greedy(model, prompt(), quantdiff.kv_cache(model, plan, bits=None if plan else 4, group_size=group))
         with quantized(model, config):
@@ -112,7 +112,7 @@ def naive_codes(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 def test_the_cache_stores_codes_not_floats_and_counts_its_bytes(models):
     model = models["standard"]
-    plan = KVPlan("heads", 4, model_shape(model.config), (LayerPlan((4, 16), (0,)), LayerPlan((8, 3), ())))
+    plan = KVPlan("heads", 8, model_shape(model.config), (LayerPlan((4, 16), (0,)), LayerPlan((9, 3), ())))  # heads average 8 bits
     ids = prompt(4)
     with torch.no_grad():
         plain = DynamicCache()
@@ -126,12 +126,12 @@ def test_the_cache_stores_codes_not_floats_and_counts_its_bytes(models):
     assert torch.equal(keys0.full, written[:, 1:])  # the 16-bit head, as computed
     assert torch.equal(keys0.kept, written[:, :, :1])  # the kept position, as computed
     values1 = cache.layers[1]._values
-    assert values1.codes[8].dtype == torch.int8 and values1.codes[8].shape == (batch, 1, length, width)
+    assert values1.codes[9].dtype == torch.int16 and values1.codes[9].shape == (batch, 1, length, width)
     assert values1.codes[3].dtype == torch.uint8 and values1.codes[3].shape == (batch, 1, length, 3)  # 8 codes of 3 bits: 3 bytes
     # bytes: per layer and tensor, codes (packed) + one float32 scale per quantized row + 16-bit heads and kept rows
     rows = batch * length
     layer0 = rows * width // 2 + rows * 4 + rows * width * 4 + batch * heads * width * 4
-    layer1 = rows * width + rows * 3 + 2 * rows * 4
+    layer1 = rows * width * 2 + rows * 3 + 2 * rows * 4
     assert cache.nbytes() == 2 * (layer0 + layer1)
 
 
@@ -139,7 +139,7 @@ def test_kv_cache_refuses_what_it_cannot_honour(models):
     model = models["standard"]
     with pytest.raises(ConfigError, match="needs bits"):
         quantdiff.kv_cache(model)
-    with pytest.raises(ConfigError, match="budget of 4 bits"):
+    with pytest.raises(ConfigError, match="budget of 7 bits"):
         quantdiff.kv_cache(model, sink_plan(model), bits=3)
     with pytest.raises(ConfigError, match="kv plan is for"):
         quantdiff.kv_cache(models["diff"], sink_plan(model))

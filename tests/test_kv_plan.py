@@ -140,7 +140,7 @@ def test_effective_bits_by_hand(models):
     mean 4.625. With the second sequence padded to 5 tokens: (16 + 7b) + (16 + 4b) over 13 positions per head:
     (32 + 11·(4+2+3+3)) / 4 / 13 = (128 + 132) / 52 = 5.0."""
     model = models["standard"]
-    plan = plan_for(model, [[4, 2], [3, 3]], keep=(0,))
+    plan = plan_for(model, [[4, 2], [3, 3]], keep=(0,), budget=3)
     assert plan.expected_bits(8) == pytest.approx(4.625)
     ids = torch.randint(0, PRESET.vocab_size, (2, 8), generator=torch.Generator().manual_seed(4))
     mask = torch.ones(2, 8, dtype=torch.long)

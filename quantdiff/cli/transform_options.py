@@ -51,17 +51,22 @@ def make_transform(
     return Smoothing(Calibration(source, tokens), smooth)
 
 
-def check_calibration_source(source: str, data: str | Path | None, flag: str = "--calibration", exists: bool = True) -> None:
-    """ConfigError when calibration data `source` is missing (unless not `exists`: a record of data already used),
-    is a builtin source of an evaluation split (for every command and task: `data.sources.BUILTIN_SPLITS`), or is
-    what the command evaluates (`data`; None when it evaluates no file)."""
-    from quantdiff.data.sources import BUILTINS, check_calibration_split, check_data_file
+def check_calibration_source(source: str, data: str | Path | None, flag: str = "--calibration", sha256: str | None = None) -> None:
+    """ConfigError when calibration data `source` is missing, is a builtin source of an evaluation split (for every
+    command and task: `data.sources.BUILTIN_SPLITS`), or holds what the command evaluates (`data`; None when it
+    evaluates no file). Data is compared by content, not by path (docs/reliability.md, "Calibration is never the
+    evaluation data"): the same bytes under another name, through a symlink or in a copy are the same data.
+    `sha256`: a record of a file used earlier (a plan's calibration), compared in place of the file, which need
+    not exist any more."""
+    from quantdiff.data.sources import BUILTINS, check_calibration_split, check_data_file, file_sha256
 
-    if exists and source not in BUILTINS:
-        check_data_file(source, flag)
     check_calibration_split(source, flag)
-    if data is not None and source not in BUILTINS and Path(source).resolve() == Path(data).resolve():
-        raise ConfigError(f"{flag} names the evaluation data (--data): calibrate on other data")
+    if source in BUILTINS:
+        return
+    if sha256 is None:
+        check_data_file(source, flag)
+    if data is not None and (sha256 or file_sha256(source, flag)) == file_sha256(data, "--data"):
+        raise ConfigError(f"{flag} holds the same bytes as the evaluation data (--data {data}): calibrate on other data")
 
 
 KVPlanOpt = Annotated[Optional[list[Path]], typer.Option("--kv-plan", help="Apply a KV-cache precision plan (a `quantdiff kv-plan` file: bits per layer and KV head, positions kept at 16 bits) at site kv; repeat for several (sweep). Refused for a model of another shape, or when its calibration data is the evaluation data.")]
@@ -70,6 +75,7 @@ KVPlanOpt = Annotated[Optional[list[Path]], typer.Option("--kv-plan", help="Appl
 def load_kv_plans(paths: list[Path] | None, data: str | Path | None, granularity: str = "row") -> list:
     """Each --kv-plan file as a site-kv configuration at its budget and `granularity` (`registry`); ConfigError in
     one line for a bad file or a plan calibrated on the evaluation data."""
+    from quantdiff.data.sources import BUILTINS
     from quantdiff.quant.kv_plan import KVPlan
     from quantdiff.quant.registry import granularity as parse_granularity
     from quantdiff.quant.sites import AbsmaxMethod, KVSite, QuantConfig, check_supported
@@ -77,11 +83,15 @@ def load_kv_plans(paths: list[Path] | None, data: str | Path | None, granularity
     configs = []
     for path in paths or []:
         plan = KVPlan.load(path)
-        source = plan.evidence.get("calibration", {}).get("source")
+        record = plan.evidence.get("calibration", {})
+        source = record.get("source")
         if source is None:  # unchecked, it could be the evaluation data
             raise ConfigError(f"--kv-plan {path} does not say what it was calibrated on (evidence.calibration.source): "
                               "refusing it, since its calibration cannot be checked against the evaluation data")
-        check_calibration_source(source, data, flag=f"--kv-plan {path}: its calibration", exists=False)
+        if source not in BUILTINS and "sha256" not in record:
+            raise ConfigError(f"--kv-plan {path} was calibrated on the file {source} without recording its sha256 (evidence.calibration.sha256): "
+                              "refusing it, since its calibration cannot be compared with the evaluation data; remake it with quantdiff kv-plan")
+        check_calibration_source(source, data, flag=f"--kv-plan {path}: its calibration", sha256=record.get("sha256"))
         config = QuantConfig(AbsmaxMethod(plan.budget_bits, parse_granularity(granularity)), KVSite(plan))
         check_supported(config)
         configs.append(config)

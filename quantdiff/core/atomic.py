@@ -377,13 +377,14 @@ def json_text(doc: Any, indent: int | None = 1, **dumps: Any) -> str:
     return json.dumps(json_safe(doc), indent=indent, allow_nan=False, ensure_ascii=False, **dumps) + "\n"
 
 
-def write_json(path: str | Path, doc: Any, indent: int | None = 1, force: bool = False, **dumps: Any) -> None:
+def write_json(path: str | Path, doc: Any, indent: int | None = 1, force: bool = False, flag: str = "--json", **dumps: Any) -> None:
     """Write `doc` as strict JSON (non-finite floats become null), atomically; `path` "-" writes to stdout.
-    An existing file is replaced only if quantdiff wrote it, or with `force` (`atomic_file`)."""
+    An existing file is replaced only if quantdiff wrote it, or with `force` (`atomic_file`); a refusal names
+    `flag`, the option that gave the path."""
     text = json_text(doc, indent, **dumps)
     if str(path) == STDOUT:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    with atomic_file(path, force, "--json") as tmp:
+    with atomic_file(path, force, flag) as tmp:
         tmp.write_text(text, encoding="utf-8")

@@ -13,7 +13,7 @@ import re
 import types
 import typing
 from numbers import Real
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.core.integers import as_int
@@ -41,9 +41,13 @@ def _fits(value: Any, hint: Any) -> bool:
     return isinstance(value, hint) if isinstance(hint, type) else True
 
 
+def _members(hint: Any) -> tuple:
+    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+
+
 def _plain(value: Any, hint: Any) -> Any:
     """A numpy number as the Python int or float its field holds (so configs compare and serialise as usual)."""
-    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    members = _members(hint)
     if int in members and as_int(value) is not None:
         return as_int(value)
     if float in members and isinstance(value, Real) and not isinstance(value, bool):
@@ -80,3 +84,19 @@ def checked_class(cls: C) -> C:
 
     cls.__init__ = __init__  # type: ignore[method-assign]
     return cls
+
+
+def plain_numbers(function: Callable[..., Any], bound: inspect.BoundArguments) -> None:
+    """The public functions' one boundary for numbers (`api_checks.arguments`): every argument of `function`
+    annotated as an int or a float (alone or in a union: `int | None`, `int | str`) is stored as a Python int or
+    float (a numpy integer converted, so none reaches torch or a file writer), and a bool there is refused as one
+    ConfigError line naming the parameter. Other values are left to the function's own checks, whose messages
+    say what the value must be."""
+    hints = typing.get_type_hints(function)
+    for name, value in bound.arguments.items():
+        members = _members(hints.get(name))
+        if bool in members or not {int, float} & set(members):
+            continue
+        if isinstance(value, bool):
+            raise ConfigError(f"{function.__name__}(): {name} must be {_shown(hints[name])}, got {value!r}")
+        bound.arguments[name] = _plain(value, hints[name])

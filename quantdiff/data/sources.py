@@ -17,6 +17,7 @@ construction) stay exactly as given.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import stat
@@ -176,6 +177,20 @@ def check_data_file(path: str | Path, flag: str = "--data") -> None:
         raise DataError(f"{flag} is a directory, not a file: {path}")
     if not stat.S_ISREG(mode):
         raise DataError(f"{flag} is not a regular file: {path}")
+
+
+def file_sha256(path: str | Path, flag: str = "--data") -> str:
+    """The hex sha256 of a data file's bytes: what identifies data whatever its path (another directory, a
+    symlink, a copy); DataError in one line naming `flag` when it cannot be read."""
+    check_data_file(path, flag)
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise DataError(f"cannot read {flag} {path}: {exc.strerror or exc}") from None
+    return digest.hexdigest()
 
 
 def read_text(path: Path) -> str:

@@ -44,10 +44,13 @@ class Cell:
     blocks: list[dict] | None = None  # metrics of each block of items, when evaluated by blocks
     kv_plan: dict | None = None  # a kv plan's policy, budget and the effective bits it measured (`quant.kv_plan`)
     granularity: str | None = None  # registry.GRANULARITY_NAMES; None for the reference
+    recorded: list[dict] | None = None  # what the model's export quantizes at run time (`checkpoint.recorded_quantization`)
 
     @property
     def causal(self) -> bool:
-        return self.granularity is None or self.granularity in CAUSAL_GRANULARITIES
+        """Whether every quantizer that ran, the cell's own and those its export records, is causal."""
+        grains = [self.granularity] + [r["granularity"] for r in self.recorded or []]
+        return all(g is None or g in CAUSAL_GRANULARITIES for g in grains)
 
     @property
     def is_reference(self) -> bool:
@@ -58,7 +61,7 @@ class Cell:
         return self.nonfinite_logits == 0
 
     def to_dict(self) -> dict[str, Any]:
-        optional = {k: v for k, v in (("group_size", self.group_size), ("transform", self.transform), ("kv_plan", self.kv_plan)) if v is not None}
+        optional = {k: v for k, v in (("group_size", self.group_size), ("transform", self.transform), ("kv_plan", self.kv_plan), ("recorded", self.recorded)) if v is not None}
         blocks = {} if self.blocks is None else {"blocks": self.blocks}
         return {"model": self.model, "task": self.task, "method": self.method, "bits": self.bits, "site": self.site,
                 "granularity": self.granularity, "causal": self.causal, **optional, **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits, **blocks}
@@ -144,7 +147,22 @@ def kv_plan_of(config: QuantConfig | None) -> KVPlan | None:
 
 
 def cell_label(cell: Cell) -> str:
-    return label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform, cell.kv_plan, cell.granularity)
+    """The cell's quantization, then what its model's export records (a cell adding none is labelled with the
+    export's own: `describe_run`)."""
+    own = label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform, cell.kv_plan, cell.granularity)
+    recorded = [label(r["method"], r["bits"], r["site"], granularity=r["granularity"]) for r in cell.recorded or []]
+    if not recorded:
+        return own
+    return f"{'' if own == recorded[-1] else own + ' + '}{'; '.join(recorded)} (recorded in the export)"
+
+
+def describe_run(config: QuantConfig | None, recorded: list[dict]) -> tuple[str | None, int | None, str | None, str | None]:
+    """(method, bits, site, granularity) of a cell: its own configuration's, or, for a cell adding none to a model
+    whose export records run-time quantizers, the last of those (what ran: never null beside a quantized run)."""
+    if config is None and recorded:
+        last = recorded[-1]
+        return last["method"], last["bits"], last["site"], last["granularity"]
+    return (*describe(config), granularity_of(config))
 
 
 CellProgress = Callable[[str, int], Callable[[float], None]]  # (label, total units) -> advance(n)
@@ -197,7 +215,9 @@ def run_cell(
     if scored.nonfinite:
         metrics.update(dict.fromkeys(task.metrics))
         per_block = None
-    return Cell(name, task.name, *describe(config), metrics, scored.nonfinite, group_size_of(config), record, per_block, plan_record, granularity_of(config))
+    recorded = getattr(model, "quantdiff_recorded", None) or []
+    method, bits, site, grain = describe_run(config, recorded)
+    return Cell(name, task.name, method, bits, site, metrics, scored.nonfinite, group_size_of(config), record, per_block, plan_record, grain, recorded or None)
 
 
 def run_model_cells(
@@ -243,7 +263,7 @@ def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None 
 def cells_from_json(data: dict[str, Any]) -> list[Cell]:
     """Cells of a sweep JSON. A quantized cell written before cells recorded their granularity ran per sequence:
     it reads back as granularity tensor (non-causal)."""
-    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks", "kv_plan", "granularity", "causal")
+    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks", "kv_plan", "granularity", "causal", "recorded")
     return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0), d.get("group_size"),
-                 d.get("transform"), d.get("blocks"), d.get("kv_plan"), d.get("granularity", None if d["method"] is None else "tensor"))
+                 d.get("transform"), d.get("blocks"), d.get("kv_plan"), d.get("granularity", None if d["method"] is None else "tensor"), d.get("recorded"))
             for d in data["cells"]]

@@ -79,6 +79,8 @@ def run_prepared(
     target = resolve_device(device)
     for prepared in models if blocks is not None else []:
         split_blocks(prepared.data, blocks)  # too few items for the blocks: refused before any weights load
+    for prepared in models:
+        check_recorded_sites(prepared, configs)
     cells: list[Cell] = []
     with task_bars(quiet, transient=True) as progress:
         for prepared in models:
@@ -91,6 +93,23 @@ def run_prepared(
     return cells
 
 
+def check_recorded_sites(prepared: PreparedModel, configs: Sequence[QuantConfig]) -> None:
+    """ConfigError, before any weights load, for a configuration at an attention site whose quantizer the model's
+    export already records (`checkpoint.recorded_in`): re-applied on load, it holds the site's one slot, and the
+    refusal says where it came from rather than that some layer 'already has' a quantizer."""
+    from quantdiff.eval.sweep import describe, label
+    from quantdiff.quant.checkpoint import recorded_in
+
+    recorded = {r["site"]: r for r in recorded_in(prepared.path) if r["site"] != "linear"}  # linear: input hooks, no slot
+    for config in configs:
+        site = describe(config)[2]
+        if site in recorded:
+            held = recorded[site]
+            raise ConfigError(f"{prepared.name}: its export records {label(held['method'], held['bits'], site, granularity=held['granularity'])} "
+                              f"(config.json quantization_config.attention), which quantdiff re-applies on load: site {site} cannot take another "
+                              "quantization; evaluate the model it was exported from")
+
+
 def report(
     cells: Sequence[Cell], task: Task, json_path: Path | None, quiet: bool, sources: dict[str, dict | None] | None = None,
     bos: dict[str, BosChoice] | None = None, force: bool = False, stderr: bool = False,
@@ -99,18 +118,19 @@ def report(
     line per model saying what opened its sequences; write them as JSON if asked, with each model's `sources` and
     `bos` records (`-`: to stdout, the table then to stderr, as with `stderr`); an existing JSON file is replaced
     only if quantdiff wrote it, or with `force`."""
-    from quantdiff.report.console import table_console, warn
-    from quantdiff.report.sweep_report import invalid_reason, sweep_table
+    from quantdiff.report.console import table_console
+    from quantdiff.report.sweep_report import sweep_table
+    from quantdiff.stats.nonfinite import NonFinite, warn_nonfinite
 
     for cell in cells:
         if not cell.valid:
-            warn(f"{cell.model} · {cell_label(cell)}: {invalid_reason(cell)}; its metrics are null")
+            warn_nonfinite(f"{cell.model} · {cell_label(cell)}", [NonFinite("scored positions' logits", cell.nonfinite_logits)], "its metrics are null")
     table = sweep_table(cells, task.metrics, task.headline, title=f"task: {task.name}")
     to_stdout = str(json_path) == STDOUT
     out = table_console(table, highlight=False, stderr=to_stdout or stderr, quiet=quiet)  # piped: whole rows, not rich's 80 columns
     out.print(table)
     for name, choice in (bos or {}).items():
-        out.print(describe_bos(name, choice.to_dict()), soft_wrap=True)
+        out.print(describe_bos(name, choice.to_dict()), soft_wrap=True, markup=False)  # "[train] bos" is text
     if json_path is not None:
         write_json(json_path, cells_to_json(cells, sources, {name: choice.to_dict() for name, choice in (bos or {}).items()}), indent=2, force=force)
         if not to_stdout:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import product
 from pathlib import Path
 
 from quantdiff.core.errors import ConfigError
@@ -48,11 +49,18 @@ def check_request(request: PlanRequest) -> None:
             raise ConfigError(f"{flag} must be positive, got {value}")
 
 
+def plan_paths(request: PlanRequest) -> list[Path]:
+    """The file of each (policy, bits) the request asks for, in the order `run` derives them."""
+    if request.single:
+        return [request.out]
+    return [request.out / plan_file_name(policy, bits) for policy, bits in product(request.policies, request.bits)]
+
+
 def run(request: PlanRequest) -> list[tuple[Path, KVPlan | None, str | None]]:
     """(path, plan, None) per plan written, (path, None, reason) per (policy, bits) that cannot be met; a single
     request that cannot be met is an error."""
     from quantdiff.cli.transform_options import check_calibration_source
-    from quantdiff.core.atomic import write_json
+    from quantdiff.core.atomic import writable_target, write_json
     from quantdiff.core.device import resolve_device
     from quantdiff.core.outputs import check_outputs
     from quantdiff.models.bos import check_mode, decide_bos
@@ -75,24 +83,24 @@ def run(request: PlanRequest) -> list[tuple[Path, KVPlan | None, str | None]]:
         check_positions(request.seq_len, load_config(path, request.trust_remote_code), "--seq-len")
     calibration_inputs = [] if request.calibration.startswith("builtin:") else [request.calibration]
     check_outputs({"--out": request.out, "--json": request.json_path}, model_inputs([request.model], [path]) + calibration_inputs)
+    for target_path in plan_paths(request):  # a file quantdiff did not write is refused before the calibration runs
+        writable_target(target_path, request.force, "--out")
     tokenizer = load_tokenizer(path)
     bos = decide_bos(path, tokenizer, request.bos)
     model = load(path, device=target, trust_remote_code=request.trust_remote_code)
     calibrated = calibrate_kv(model, tokenizer, Calibration(request.calibration, request.calibration_tokens, request.seq_len), bos.token_id)
     calibrated.shape["name"] = name
     out = []
-    for policy in request.policies:
-        for bits in request.bits:
-            target_path = request.out if request.single else request.out / plan_file_name(policy, bits)
-            try:
-                plan = derive_plan(calibrated, policy, bits, request.keep_first, request.step)
-            except ConfigError as exc:
-                if request.single:
-                    raise
-                out.append((target_path, None, str(exc)))
-                continue
-            if not request.single:
-                request.out.mkdir(parents=True, exist_ok=True)
-            write_json(target_path, plan.to_dict(), indent=1, force=request.force)
-            out.append((target_path, plan, None))
+    for (policy, bits), target_path in zip(product(request.policies, request.bits), plan_paths(request)):
+        try:
+            plan = derive_plan(calibrated, policy, bits, request.keep_first, request.step)
+        except ConfigError as exc:
+            if request.single:
+                raise
+            out.append((target_path, None, str(exc)))
+            continue
+        if not request.single:
+            request.out.mkdir(parents=True, exist_ok=True)
+        write_json(target_path, plan.to_dict(), indent=1, force=request.force, flag="--out")
+        out.append((target_path, plan, None))
     return out

@@ -22,6 +22,36 @@ from quantdiff.quant.transforms import rotate_inputs
 
 
 
+def recorded_quantization(section: dict) -> list[dict]:
+    """What a quantdiff export's loader quantizes at run time besides its stored weights, one description per
+    quantizer in the order `load_quantized` applies them ({method, bits, site, granularity}, as a sweep cell
+    names its own): an llm-int8 export's inputs (bitsandbytes' outlier columns over the whole prompt: granularity
+    tensor, non-causal), a W8A8 compressed-tensors export's inputs (per token: row), and a recorded attention
+    quantization. A cell of such a model is labelled with them (`eval.sweep.Cell.recorded`)."""
+    from quantdiff.quant.registry import granularity_name
+
+    fmt = format_from_section(section)
+    found = []
+    if isinstance(fmt, LLMInt8Export):
+        found.append({"method": "llm-int8", "bits": 8, "site": "linear", "granularity": "tensor"})
+    if isinstance(fmt, CompressedTensorsExport) and fmt.bits == 8:
+        found.append({"method": "compressed-tensors", "bits": 8, "site": "linear", "granularity": "row"})
+    if section.get("attention") is not None:
+        attention = QuantConfig.from_dict(section["attention"])
+        names = attention.to_dict()
+        found.append({"method": names["method"]["name"], "bits": names["method"]["bits"], "site": names["site"]["name"],
+                      "granularity": granularity_name(attention.method.granularity)})
+    return found
+
+
+def recorded_in(path: str | Path) -> list[dict]:
+    """`recorded_quantization` of the model directory `path` (none for a model that is not a quantdiff export),
+    read from its config.json before any weights load."""
+    file = Path(path) / "config.json"
+    section = quantdiff_section(json.loads(file.read_text())) if file.is_file() else None
+    return [] if section is None else recorded_quantization(section)
+
+
 def _module_tensors(stored: Tensors, fqn: str) -> Tensors:
     """The encoded weight of one quantized linear layer; its bias stays an ordinary tensor."""
     prefix = f"{fqn}."
@@ -137,6 +167,7 @@ def load_quantized(
     if section.get("attention") is not None:
         handles.append(apply_quantization(model, QuantConfig.from_dict(section["attention"])))
     model.quantdiff_handles = handles
+    model.quantdiff_recorded = recorded_quantization(section)  # what its cells must say ran
     return model
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from quantdiff.core.errors import ConfigError
+from quantdiff.core.typed import checked_class
 from quantdiff.quant.numerics import absmax_weight_quantize, check_group_size, expand_group_scales
 
 # The compressed-tensors release this layout was written for and checked against (its `version` field).
@@ -39,6 +40,7 @@ _PER_INT32 = 8  # 4-bit codes per int32 word
 ACTIVATION_RULE = "compressed-tensors' dynamic per-token int8: absmax/127.5, clamp [-128, 127], round half to even, in the model's dtype"
 
 
+@checked_class
 @dataclass(frozen=True)
 class CompressedTensorsExport:
     """W4A16 (bits 4, per channel or per group of `group_size` inputs) or W8A8 (bits 8, per channel)."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from quantdiff.core.errors import ConfigError, LoadError
+from quantdiff.core.typed import checked_class
 from quantdiff.quant.numerics import (
     LLM_INT8_THRESHOLD,
     MAX_BITS,
@@ -48,6 +49,7 @@ BNB_CPU_BLOCK_N = 32  # output rows bitsandbytes' CPU 4-bit kernel packs togethe
 Tensors = dict[str, torch.Tensor]
 
 
+@checked_class
 @dataclass(frozen=True)
 class AbsmaxExport:
     """Per output channel (`weight_scale` (out,)), or with `group_size` G per group of G inputs of each output
@@ -88,6 +90,7 @@ class AbsmaxExport:
         return {"method": self.name, "bits": self.bits, "granularity": granularity, **grouped, "packing": "dense-lsb-first"}
 
 
+@checked_class
 @dataclass(frozen=True)
 class LLMInt8Export:
     threshold: float = LLM_INT8_THRESHOLD
@@ -116,6 +119,7 @@ class LLMInt8Export:
         return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=self.threshold, llm_int8_skip_modules=skipped).to_dict()
 
 
+@checked_class
 @dataclass(frozen=True)
 class Bnb4bitExport:
     quant_type: str  # "nf4" or "fp4"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from quantdiff.core.errors import ConfigError
+from quantdiff.core.typed import checked_class
 
 GGUF_TYPES = {8: "Q8_0", 4: "Q4_0"}  # bits -> GGML quantization type
 GGUF_BLOCK = 32  # weights per block, both types
@@ -28,6 +29,7 @@ UNQUANTIZED_BITS = 16
 GGUF_FLOAT_TYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}  # --bits 16: the source's own
 
 
+@checked_class
 @dataclass(frozen=True)
 class GGUFExport:
     """Q8_0 (bits 8), Q4_0 (bits 4), or unquantized (bits 16) in `float_type`, which `unquantized` sets to the

@@ -97,6 +97,7 @@ class KVPlan:
                 check_bits(bits)
             if any(isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= MAX_POSITION for p in layer.keep_positions):
                 raise ConfigError(f"kv plan: layer {index}: kept positions must be integers from 0 to {MAX_POSITION}")
+        check_budget(self.policy, self.budget_bits, self.layers)
 
     def expected_bits(self, seq_len: int) -> float:
         """Average bits per cached element of one sequence of `seq_len` tokens (kept positions at 16)."""
@@ -137,6 +138,24 @@ class KVPlan:
     @classmethod
     def load(cls, path: str | Path) -> KVPlan:
         return cls.from_dict(read_plan_json(path))
+
+
+def check_budget(policy: str, budget_bits: int, layers: tuple[LayerPlan, ...]) -> None:
+    """ConfigError unless the layers keep the budget as `derive_plan` makes plans, since a cell is labelled with the
+    budget (docs/reliability.md, "A plan's budget"): the average of the per-head bits over every (layer, KV head)
+    is exactly `budget_bits`; `uniform`, `first` and `massive` hold every head at it (only `heads` reallocates
+    bits); `uniform` keeps no position, `first` the first N positions in every layer. Kept positions are the
+    plan's cost over its budget, listed in the cell's record and measured per run (`measured_bits`)."""
+    bits = [b for layer in layers for b in layer.kv_bits]
+    if sum(bits) != budget_bits * len(bits):
+        raise ConfigError(f"kv plan: its KV heads average {sum(bits) / len(bits):.3g} bits, not its budget_bits {budget_bits}: a cell would be labelled with bits it did not run")
+    if policy != "heads" and set(bits) != {budget_bits}:
+        raise ConfigError(f"kv plan: policy {policy} holds every KV head at its budget of {budget_bits} bits, this plan has heads at {sorted(set(bits) - {budget_bits})}")
+    kept = [tuple(sorted(set(layer.keep_positions))) for layer in layers]
+    if policy == "uniform" and any(kept):
+        raise ConfigError(f"kv plan: policy uniform keeps no position at 16 bits, this plan keeps {next(k for k in kept if k)[:8]}")
+    if policy == "first" and any(k != tuple(range(len(kept[0]))) for k in kept):
+        raise ConfigError("kv plan: policy first keeps the same first positions 0 … N−1 in every layer")
 
 
 def model_shape(config) -> dict:
@@ -284,9 +303,10 @@ def calibrate_kv(model: nn.Module, tokenizer, calibration, bos_id: int | None = 
     `calibration` (`quant.smoothing.Calibration`: data no task evaluates), with the largest |h| over channels kept
     per (sequence, position, layer) to locate the massive activations afterwards."""
     from quantdiff.attention.observe import observe
-    from quantdiff.data.sources import load_sequences, make_batches
+    from quantdiff.data.sources import BUILTINS, file_sha256, load_sequences, make_batches
     from quantdiff.stats.collect import StatsCollector
     from quantdiff.stats.massive import MIN_MAGNITUDE, MIN_RATIO
+    from quantdiff.stats.nonfinite import in_stats, refuse_nonfinite
 
     config = model.config
     seq_len = calibration.length(config)
@@ -304,6 +324,7 @@ def calibrate_kv(model: nn.Module, tokenizer, calibration, bos_id: int | None = 
         for batch in batches:
             peaks.append([])
             collector.run(model, batch)
+    refuse_nonfinite(structure.model_label(model), in_stats(collector.stats), "a kv plan (sink masses, massive positions)")
     medians = [collector.stats.hidden.pooled([l]).summary((0.5,))["median"] for l in range(collector.stats.layers)]
     token_peaks = torch.cat([torch.stack(per_layer, dim=-1)[_real(batch)] for batch, per_layer in zip(batches, peaks)])  # (tokens, layers)
     typical = token_peaks.median(dim=0).values
@@ -318,7 +339,8 @@ def calibrate_kv(model: nn.Module, tokenizer, calibration, bos_id: int | None = 
         flagged[:width] += above.sum(dim=0)
     share = {p: flagged[p].item() / seen[p].item() for p in range(seq_len) if flagged[p] > 0}
     summary = collector.sinks.summary()
-    record = {**calibration.to_dict(), "tokens": sum(map(len, sequences)), "sequences": len(sequences), "seq_len": seq_len, "bos_id": bos_id,
+    digest = {} if calibration.source in BUILTINS else {"sha256": file_sha256(calibration.source, "--calibration")}  # provenance by content
+    record = {**calibration.to_dict(), **digest, "tokens": sum(map(len, sequences)), "sequences": len(sequences), "seq_len": seq_len, "bos_id": bos_id,
               "layer_thresholds": thresholds.tolist()}
     return KVCalibration(model_shape(config), summary["per_head"], share, record)
 

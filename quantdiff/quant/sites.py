@@ -414,10 +414,21 @@ def check_supported(config: QuantConfig) -> None:
             raise ConfigError(f"a kv plan at a budget of {config.site.plan.budget_bits} bits needs a method at {config.site.plan.budget_bits} bits, not {config.method.bits}")
 
 
+TAP_SITES = {"logits_quantizer": "logits", "operand_quantizer": "qk", "kv_quantizer": "kv"}  # a tap's slot -> its site
+
+
+def _occupied(model: nn.Module, tap: attention.Tap, name: str) -> ConfigError:
+    """The refusal for a tap slot already holding a quantizer, naming the export's record when it holds it."""
+    held = [r for r in getattr(model, "quantdiff_recorded", []) if r["site"] == TAP_SITES[name]]
+    where = (f"the model's export records {held[0]['method']} {held[0]['bits']}-bit at site {held[0]['site']}, re-applied on load: "
+             "quantize the model it was exported from") if held else "remove it first"
+    return ConfigError(f"layer {tap.layer_idx} already has a {name.replace('_', ' ')}: {where}")
+
+
 def _set_on_taps(model: nn.Module, name: str, value: object, undo: list[Undo]) -> None:
     for tap in _model_taps(model):
         if getattr(tap, name) is not None:
-            raise ConfigError(f"layer {tap.layer_idx} already has a {name.replace('_', ' ')}: remove it first")
+            raise _occupied(model, tap, name)
         setattr(tap, name, value)
         undo.append(lambda tap=tap: setattr(tap, name, None))
 
@@ -453,7 +464,7 @@ def _apply_kv(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
         return
     for tap, quantizer in zip(_model_taps(model), plan_quantizers(model, config.site.plan, causal, config.site.group_size)):
         if tap.kv_quantizer is not None:
-            raise ConfigError(f"layer {tap.layer_idx} already has a kv quantizer: remove it first")
+            raise _occupied(model, tap, "kv_quantizer")
         tap.kv_quantizer = quantizer
         undo.append(lambda tap=tap: setattr(tap, "kv_quantizer", None))
 

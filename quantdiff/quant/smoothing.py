@@ -275,6 +275,7 @@ def calibrate(model: nn.Module, tokenizer, calibration: Calibration, bos_id: int
     from quantdiff.attention.observe import observe
     from quantdiff.data.sources import load_sequences, make_batches
     from quantdiff.stats.collect import StatsCollector
+    from quantdiff.stats.nonfinite import in_stats, refuse_nonfinite
 
     config = model.config
     seq_len = calibration.length(config)
@@ -291,6 +292,7 @@ def calibrate(model: nn.Module, tokenizer, calibration: Calibration, bos_id: int
     with probe.attached(), observe(model, on_linear_input=on_input), torch.inference_mode():
         for batch in batches:
             collector.run(model, batch)
+    refuse_nonfinite(structure.model_label(model), in_stats(collector.stats), "smoothing scales (channel maxima)")
     groups = probe.checked_groups(structure.model_label(model))
     device = next(model.parameters()).device
     folded = folding_is_exact(model, groups, batches[0].input_ids[:1].to(device))

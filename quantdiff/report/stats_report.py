@@ -37,14 +37,15 @@ def _nonfinite_cell(block: dict) -> str:
 
 
 def warn_nonfinite(doc: dict) -> None:
-    """A warning on stderr per model and activation that had NaN/Inf values (printed even when quiet)."""
-    from quantdiff.report.console import warn
+    """A warning on stderr per model and activation that had NaN/Inf values (printed even when quiet), in the
+    words of the one non-finite guard (`stats.nonfinite`)."""
+    from quantdiff.stats.nonfinite import split, warn_nonfinite as warn_found
 
     for key, label in ACTIVATIONS.items():
         for model in doc["models"]:
-            nan, inf, share = nonfinite_share(model[key])
+            nan, inf = model[key]["nonfinite"]["nan"], model[key]["nonfinite"]["inf"]
             if nan or inf:
-                warn(f"{model['name']}: {share:.1%} of {label} were non-finite ({nan:,} NaN, {inf:,} Inf); every statistic excludes them")
+                warn_found(model["name"], [split(label, nan, inf, model[key]["count"])], "every statistic excludes them")
 
 
 def render(doc: dict, console=None, per_layer: bool = False, stderr: bool = False) -> None:

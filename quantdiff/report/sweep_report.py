@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from rich.table import Table
+from rich.text import Text
 
 from quantdiff.core.atomic import atomic_file
 from quantdiff.core.owned import plot_metadata
@@ -32,13 +33,16 @@ def sweep_table(cells: Sequence[Cell], metrics: Sequence[str], headline: str, ti
         values = [number(c.metrics.get(m), decimals=METRIC_DECIMALS) for m in metrics]
         base, value = reference.get(c.model), c.metrics.get(headline)
         delta = "" if c.is_reference or base is None or value is None else f"{value - base:+.4f}"
-        table.add_row(c.model, cell_label(c), *values, delta, *([invalid_reason(c)] if flagged else []))
+        # Text, not markup: a label's "[tensor, non-causal]" would be read as a style tag and vanish.
+        table.add_row(Text(c.model), Text(cell_label(c)), *values, delta, *([invalid_reason(c)] if flagged else []))
     return table
 
 
 def invalid_reason(cell: Cell) -> str:
     """Why a cell has no metrics ("" for a valid cell)."""
-    return "" if cell.valid else f"non-finite logits at {cell.nonfinite_logits:,} scored positions"
+    from quantdiff.stats.nonfinite import NonFinite
+
+    return "" if cell.valid else NonFinite("scored positions' logits", cell.nonfinite_logits).text()
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ class ChannelStats:
     input_absmax: torch.Tensor  # (L, 2, D) float32 max |x| over finite observed values, per LINEAR_INPUTS
     over_threshold: torch.Tensor  # (L, 2, D) int64 positions with |x| ≥ threshold, per LINEAR_INPUTS
     positions: torch.Tensor  # (L, 2) int64 positions observed, per LINEAR_INPUTS
+    nan: torch.Tensor  # (L, 2) int64 NaN values among the observed positions' channels (`stats.nonfinite`)
+    inf: torch.Tensor  # (L, 2) int64 ±Inf values, likewise
     threshold: float = LLM_INT8_THRESHOLD
 
     @classmethod
@@ -41,12 +43,18 @@ class ChannelStats:
             torch.zeros(layers, inputs, channels, device=device),
             torch.zeros(layers, inputs, channels, dtype=torch.int64, device=device),
             torch.zeros(layers, inputs, dtype=torch.int64, device=device),
+            torch.zeros(layers, inputs, dtype=torch.int64, device=device),
+            torch.zeros(layers, inputs, dtype=torch.int64, device=device),
             threshold,
         )
 
     def update(self, layer: int, which: int, x: torch.Tensor, valid: torch.Tensor | None = None) -> None:
         """x (N, D): N positions of linear input `which` (an index of LINEAR_INPUTS); valid (N,) bool or None."""
-        a = torch.nan_to_num(x.detach().float().abs(), nan=_BELOW, posinf=_BELOW)  # non-finite: never an outlier
+        a = x.detach().float().abs()
+        observed = torch.ones_like(a, dtype=torch.bool) if valid is None else valid.view(-1, 1).expand_as(a)
+        self.nan[layer, which] += (torch.isnan(a) & observed).sum()
+        self.inf[layer, which] += (torch.isinf(a) & observed).sum()
+        a = torch.nan_to_num(a, nan=_BELOW, posinf=_BELOW)  # non-finite: never an outlier
         if valid is not None:
             a = torch.where(valid.view(-1, 1), a, _BELOW)
         torch.maximum(self.input_absmax[layer, which], a.amax(dim=0), out=self.input_absmax[layer, which])
@@ -59,7 +67,14 @@ class ChannelStats:
         torch.maximum(self.input_absmax, other.input_absmax.to(self.input_absmax.device), out=self.input_absmax)
         self.over_threshold += other.over_threshold.to(self.over_threshold.device)
         self.positions += other.positions.to(self.positions.device)
+        self.nan += other.nan.to(self.nan.device)
+        self.inf += other.inf.to(self.inf.device)
         return self
+
+    @property
+    def finite(self) -> torch.Tensor:
+        """(L, 2) finite values observed per input (positions × channels, less the non-finite)."""
+        return self.positions * self.input_absmax.shape[-1] - self.nan - self.inf
 
     @property
     def absmax(self) -> torch.Tensor:
@@ -98,6 +113,8 @@ class ChannelStats:
             "input_absmax": self.input_absmax.tolist(),
             "over_threshold": self.over_threshold.tolist(),
             "positions": self.positions.tolist(),
+            "nan": self.nan.tolist(),
+            "inf": self.inf.tolist(),
             "threshold": self.threshold,
         }
 
@@ -107,5 +124,7 @@ class ChannelStats:
             torch.tensor(data["input_absmax"], dtype=torch.float32, device=device),
             torch.tensor(data["over_threshold"], dtype=torch.int64, device=device),
             torch.tensor(data["positions"], dtype=torch.int64, device=device),
+            torch.tensor(data["nan"], dtype=torch.int64, device=device),
+            torch.tensor(data["inf"], dtype=torch.int64, device=device),
             float(data["threshold"]),
         )

@@ -18,7 +18,7 @@ TaskOpt = Annotated[str, typer.Option("--task", "-t", help=TASK_HELP)]
 DataOpt = Annotated[Optional[str], typer.Option("--data", help=DATA_HELP)]  # a str: "" stays empty, not "."
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Evaluate only the first N items (windows, documents).")]
 GroupOpt = Annotated[Optional[int], typer.Option("--group-size", help="absmax weights at site linear in groups of G inputs per output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group); default per output channel. At site kv: each token's keys and values per KV head in groups of G channels (llama.cpp's blocks of 32).")]
-ContextOpt = Annotated[Optional[int], typer.Option("--context", help="Tokens per document (retrieval) or window (lm).")]
+ContextOpt = Annotated[Optional[int], typer.Option("--context", help="Tokens per document (retrieval) or window (lm; default 256, or the fewest positions among the models when fewer; a given value beyond a model's positions is refused).")]
 NeedlesOpt = Annotated[Optional[int], typer.Option("--needles", help="Needles per retrieval document.")]
 DepthOpt = Annotated[Optional[float], typer.Option("--depth", help="Depth in [0, 1] of every needle (0 = start of the filler, 1 = its end); default: random per needle.")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed of the generated data (cloze set, needle documents); default 0.")]
@@ -62,7 +62,7 @@ def sweep(
     side, as a table, JSON and a chart."""
     from quantdiff.report.console import line_console
 
-    from quantdiff.cli.task_options import check_limit, check_output, make_cli_task
+    from quantdiff.cli.task_options import check_limit, check_output, fit_default_context, make_cli_task
     from quantdiff.cli.transform_options import calibration_file, check_kv_plans, load_kv_plans, make_transform
     from quantdiff.cli.validate import check_group_option, check_list
     from quantdiff.core.device import resolve_device
@@ -89,6 +89,7 @@ def sweep(
         raise ConfigError(f"--blocks must be at least 2, with task lm or bb (got {blocks}, task {task})")
     check_mode(bos)
     specs = resolve_models(models)
+    the_task = fit_default_context(the_task, context, specs, trust_remote_code)
     check_outputs({"--json": json_path, "--plot": plot}, model_inputs(models, [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform) + (kv_plan or []))
     check_kv_plans(plan.configs, specs, trust_remote_code)
     check_output(json_path, None, force, "--json")
@@ -140,7 +141,7 @@ def evaluate(
 
     One cell of the sweep: the task's metrics for MODEL, unquantized, or with --bits (and --method, --site)."""
     from quantdiff.cli.output import check_json
-    from quantdiff.cli.task_options import check_limit, make_cli_task
+    from quantdiff.cli.task_options import check_limit, fit_default_context, make_cli_task
     from quantdiff.cli.transform_options import calibration_file, check_kv_plans, load_kv_plans, make_transform
     from quantdiff.cli.validate import check_group_option
     from quantdiff.core.device import resolve_device
@@ -152,8 +153,8 @@ def evaluate(
     from quantdiff.models.source import model_sources
     from quantdiff.quant.sites import parse_config
 
-    if bits is None and (method is not None or site is not None or group_size is not None or rotate is not None or smooth is not None):
-        raise ConfigError("--method, --site, --group-size, --rotate and --smooth choose how to quantize: give --bits too")
+    if bits is None and not kv_plan and (method is not None or site is not None or group_size is not None or rotate is not None or smooth is not None or granularity != "row"):
+        raise ConfigError("--method, --site, --group-size, --granularity, --rotate and --smooth choose how to quantize: give --bits too")
     if kv_plan and (bits is not None or method is not None or site is not None or len(kv_plan) > 1):
         raise ConfigError("--kv-plan is one quantization of its own (site kv, its budget sets the bits): give one plan, without --bits, --method or --site")
     check_group_option(group_size, [site or "logits"])
@@ -164,6 +165,7 @@ def evaluate(
     check_limit(limit)
     check_mode(bos)
     specs = resolve_models([model])
+    the_task = fit_default_context(the_task, context, specs, trust_remote_code)
     check_kv_plans(configs, specs, trust_remote_code)
     check_json(json_path, model_inputs([model], [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform) + (kv_plan or []), force)
     prepared = prepare_models(specs, the_task, limit, bos, target, trust_remote_code)

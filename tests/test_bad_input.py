@@ -394,7 +394,7 @@ CASES += [
      "[tasks] retrieval_contexts 100000 exceeds max_position_embeddings=64"),
     ("recipe-arm-name-too-long", ["train", "{tmp}/r.toml", "--out", "{tmp}/run"], None,
      _recipe("[data]\nretrieval_max_needles = 2\n[[arms]]\nname = \"" + "a" * 240 + "\"\n"), "is 240 bytes long: names may have at most 233"),
-    ("eval-retrieval-context-beyond-positions", ["eval", "{src}", "--task", "retrieval", "--context", "100000"], None, None, "exceeds the model's 256 positions"),
+    ("eval-retrieval-context-beyond-positions", ["eval", "{src}", "--task", "retrieval", "--context", "100000"], None, None, "exceeds the model's 128 positions"),
 ]
 
 def _pair(tmp: Path) -> None:

@@ -320,7 +320,7 @@ def test_a_retrieval_context_beyond_the_models_positions_is_refused_before_any_w
 
     monkeypatch.setattr(retrieval.RetrievalTask, "prepare", lambda *a, **k: pytest.fail("data was built"))
     err = _fails(capsys, ["eval", "tiny/diff", "--task", "retrieval", "--context", "100000"])
-    assert "100,000 tokens exceeds the model's 256 positions" in err
+    assert "100,000 tokens exceeds the model's 128 positions" in err
 
 
 def test_a_context_within_positions_but_beyond_memory_is_refused():
@@ -417,7 +417,7 @@ def test_train_force_into_a_pair_directory_is_refused(tmp_path, capsys):
 
 
 def test_the_real_model_section_fits_a_small_model(tmp_path):
-    """`reproduce --real-model` on a model 128 wide with 256 positions: the 128-group weight format spans whole
+    """`reproduce --real-model` on a model 128 wide with 128 positions: the 128-group weight format spans whole
     rows, and windows longer than the positions are cut to them (both crashed the whole report before)."""
     from rich.console import Console
 
@@ -426,5 +426,5 @@ def test_the_real_model_section_fits_a_small_model(tmp_path):
     plan = RealModelPlan(stats_tokens=64, seq_len=300, windows=1, context=300, methods=("absmax",), bits=(8,), sites=("linear",))
     section = run_real_model("tiny/diff", tmp_path, "cpu", Console(file=io.StringIO()), plan)
     doc = json.loads((tmp_path / "real_model.json").read_text())["models"][0]
-    assert "not measured" not in section and doc["plan"]["seq_len"] == doc["plan"]["context"] == 256
+    assert "not measured" not in section and doc["plan"]["seq_len"] == doc["plan"]["context"] == 128
     assert [row["granularity"] for row in doc["weight_only"]] == ["per-output-channel", "group-128", "blockwise-64"]

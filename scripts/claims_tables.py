@@ -182,17 +182,19 @@ def separation_table(run: str, data: dict, bits: tuple[int, ...] = (2, 3), alpha
     """Every quantized cell at `bits` where an arm's change differs from standard's at p < alpha, uncorrected."""
     rows = ["| cell | arm − standard (change from unquantized) | seeds arm lost more / standard lost more / equal | p (sign-flip, uncorrected) | standard's own change [95% CI] |",
             "|---|---|---|---|---|"]
+    tested = 0
     for key, values in data.items():
         parts = key.split("/")
         if not key.startswith("change/") or int(parts[-1]) not in bits:
             continue
+        tested += len(ARMS)
         own = summarize([v for v in arm_series(values, REFERENCE).values() if v is not None])
         for arm in ARMS:
             c = compare(values, arm, ratio=False)
             if c["p"] is not None and c["p"] < alpha:
                 rows.append(f"| {parts[1]} {parts[3]} {parts[4]}-bit at {parts[2]} | {ARM_NAME[arm]} {interval(c, False)} | "
                             f"{c['reference_higher']} / {c['other_higher']} / {c['equal']} | {p_text(c['p'])} | {signed(own['mean'])} [{signed(own['low'])}, {signed(own['high'])}] |")
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows) + f"\n\n{len(rows) - 2} of {tested} comparisons at p < {alpha}.\n"
 
 
 def three_bit_text(data: dict) -> str:

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import statistics
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,14 @@ def test_the_pages_carry_the_script_s_logit_table(run):
     table = claims.logit_table(run, claims.per_seed(run))
     assert table.split("\n\n")[0] in (ROOT / "results" / run / "README.md").read_text()
     assert table.split("\n\n")[0] in RESULTS_PAGE.read_text()
+
+
+@pytest.mark.parametrize(("page", "recipe"), [
+    ("results/bb/README.md", "recipes/bb.toml"), ("results/text/README.md", "recipes/text.toml"),
+    ("results/gpu/README.md", "results/gpu/recipe.toml"), ("results/cpu-sinks/README.md", "recipes/cpu-sinks.toml"),
+])
+def test_each_diff_v1_page_states_its_differential_head_count(page, recipe):
+    """Diff V1 pairs the recipe's heads: num_heads // 2 differential heads, against the authors' minimum of 8."""
+    heads = tomllib.loads((ROOT / recipe).read_text())["model"]["num_heads"] // 2
+    text = (ROOT / page).read_text()
+    assert f"{heads} differential head" in text and "at least 8" in text

@@ -36,6 +36,8 @@ from quantdiff.quant.numerics import (
     tokenwise_vectorwise_quantize,
     vectorwise_quantize,
 )
+from quantdiff.quant import kv_layout
+from quantdiff.quant.kv_layout import KVLayout
 from quantdiff.quant.kv_plan import KVPlan, plan_quantizers
 from quantdiff.quant.registry import DEFAULT_GRANULARITY, granularity_name, is_causal, method_name, parse_bit_width, site_name
 from quantdiff.quant.registry import granularity as _granularity
@@ -139,14 +141,22 @@ class KVSite:
     2024, §3): keys per channel (one scale per sequence, KV head and channel, over the sequence's tokens), values
     per token; KIVI's token groups and full-precision window of recent tokens are left out.
     `plan`: per-layer, per-KV-head bits and positions kept at 16 bits (`quant.kv_plan`); the method's bits are
-    then the plan's budget."""
+    then the plan's budget.
+    `layout`: a cache layout (`quant.kv_layout`, e.g. KIVI's, `quantdiff.kv_cache`'s default) quantized with the
+    cache's own functions: every complete block as the cache holds it once the sequence is written, the trailing
+    incomplete block in float. Not causal within a block unless the layout is (per token, no residual)."""
 
     plan: KVPlan | None = None
     group_size: int | None = None
+    layout: KVLayout | None = None
 
     def __post_init__(self) -> None:
         if self.group_size is not None:
             check_group_size(self.group_size)
+        if self.layout is not None and not isinstance(self.layout, KVLayout):
+            raise ConfigError(f"a kv site's layout must be a KVLayout (quantdiff.quant.kv_layout), got {type(self.layout).__name__}")
+        if self.layout is not None and self.group_size is not None:
+            raise ConfigError("a kv layout carries its own group size: give it there, not as the site's group_size")
 
 
 Site = LogitsSite | QKSite | LinearSite | KVSite
@@ -185,9 +195,10 @@ def _site_to_dict(site: Site) -> dict:
             raise ConfigError("a linear site with a custom module filter cannot be serialised")
         transform = {} if site.transform is None else {"transform": site.transform.to_dict()}
         return {"name": "linear", "include_lm_head": site.include_lm_head, "weights": site.weights, "inputs": site.inputs, **transform}
-    if isinstance(site, KVSite) and (site.plan is not None or site.group_size is not None):
+    if isinstance(site, KVSite) and (site.plan is not None or site.group_size is not None or site.layout is not None):
         grouped = {} if site.group_size is None else {"group_size": site.group_size}
-        return {"name": "kv", **({} if site.plan is None else {"plan": site.plan.to_dict()}), **grouped}
+        laid = {} if site.layout is None else {"layout": site.layout.to_dict()}
+        return {"name": "kv", **({} if site.plan is None else {"plan": site.plan.to_dict()}), **grouped, **laid}
     return {"name": next(name for name, site_type in SITE_TYPES.items() if isinstance(site, site_type))}
 
 
@@ -215,6 +226,8 @@ def _site_from_dict(data: object) -> Site:
         fields["transform"] = transform_from_dict(fields["transform"])
     if name == "kv" and fields.get("plan") is not None:
         fields["plan"] = KVPlan.from_dict(fields["plan"])
+    if name == "kv" and fields.get("layout") is not None:
+        fields["layout"] = KVLayout.from_dict(fields["layout"])
     try:
         return SITE_TYPES[name](**fields)
     except TypeError as exc:
@@ -341,14 +354,20 @@ class KVQuantizer:
     bits: int
     causal: bool = True
     group_size: int | None = None
+    layout: KVLayout | None = None  # a cache layout: its own quantizers (`kv_layout.fake_quantize`), as the cache stores
 
     def keys(self, key: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-        """valid (B, 1, S, 1) bool: the key positions some query may attend to (padding is not in a sequence's cache)."""
+        """valid (B, 1, S, 1) bool: the key positions some query may attend to (padding is not in a sequence's cache;
+        a layout's blocks, as the cache's, do not know it)."""
+        if self.layout is not None:
+            return kv_layout.fake_quantize(key, self.bits, self.layout, keys=True)
         if self.causal:
             return rowwise_absmax_quantize(key, self.bits, self.group_size).dequant
         return fake_quantize_with_absmax(key, absmax(key, PerColumn(), mask=valid, batch_dims=2), self.bits)
 
     def values(self, value: torch.Tensor) -> torch.Tensor:
+        if self.layout is not None:
+            return kv_layout.fake_quantize(value, self.bits, self.layout, keys=False)
         if self.causal:
             return rowwise_absmax_quantize(value, self.bits, self.group_size).dequant
         return fake_quantize_with_absmax(value, absmax(value, PerRow()), self.bits)
@@ -356,6 +375,8 @@ class KVQuantizer:
 
 def causal(config: QuantConfig | None) -> bool:
     """True when the configuration never lets a later token change an earlier token's quantization."""
+    if config is not None and isinstance(config.site, KVSite) and config.site.layout is not None:
+        return config.site.layout.causal
     return config is None or is_causal(config.method.granularity)
 
 
@@ -408,6 +429,8 @@ def check_supported(config: QuantConfig) -> None:
             raise ConfigError("site kv is absmax (per token and KV head, or KIVI's per sequence); llm-int8 is not defined there")
         if isinstance(config.method.granularity, PerColumn):
             raise ConfigError("site kv is quantized per token and KV head (granularity row) or as KIVI over the sequence (tensor), not per column")
+        if config.site.layout is not None and not is_causal(config.method.granularity):
+            raise ConfigError("a kv layout sets its own scales: it needs granularity row, not tensor")
         if config.site.group_size is not None and not is_causal(config.method.granularity):
             raise ConfigError("a kv group size splits each token's row into groups: it needs granularity row, not tensor")
         if config.site.plan is not None and config.method.bits != config.site.plan.budget_bits:
@@ -449,9 +472,10 @@ def _apply_qk(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
 def _apply_kv(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
     causal = is_causal(config.method.granularity)
     if config.site.plan is None:
-        _set_on_taps(model, "kv_quantizer", KVQuantizer(config.method.bits, causal, config.site.group_size), undo)
+        _set_on_taps(model, "kv_quantizer", KVQuantizer(config.method.bits, causal, config.site.group_size, config.site.layout), undo)
         return
-    for tap, quantizer in zip(_model_taps(model), plan_quantizers(model, config.site.plan, causal, config.site.group_size)):
+    quantizers = plan_quantizers(model, config.site.plan, causal, config.site.group_size, config.site.layout)
+    for tap, quantizer in zip(_model_taps(model), quantizers):
         if tap.kv_quantizer is not None:
             raise ConfigError(f"layer {tap.layer_idx} already has a kv quantizer: remove it first")
         tap.kv_quantizer = quantizer

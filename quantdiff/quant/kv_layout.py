@@ -97,7 +97,7 @@ LAYOUTS = {"kivi": KIVI, "token": TOKEN}
 
 def layout_named(name: str, group_size: int | None = None, residual: int | None = None) -> KVLayout:
     """A named layout (`LAYOUTS`), with its group size and residual overridden where given."""
-    if name not in LAYOUTS:
+    if not isinstance(name, str) or name not in LAYOUTS:
         raise ConfigError(f"unknown kv layout {name!r} (choose from {', '.join(LAYOUTS)})")
     base = LAYOUTS[name]
     return KVLayout(base.keys, base.zero_point, group_size, base.residual if residual is None else residual)

@@ -113,9 +113,9 @@ def naive_codes(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (torch.round(x / (x.abs().amax(dim=-1, keepdim=True) / q)) + q).to(torch.uint8)
 
 
-def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """Two 4-bit codes a byte, the first in the low nibble."""
-    return torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2)
+def unpack_halves(packed: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit codes a byte: channel j in the low nibble, channel j + D/2 in the high one."""
+    return torch.cat([packed & 15, packed >> 4], dim=-1)
 
 
 def test_the_cache_stores_codes_not_floats_and_counts_its_bytes(models):
@@ -130,7 +130,7 @@ def test_the_cache_stores_codes_not_floats_and_counts_its_bytes(models):
     batch, heads, length, width = 2, 2, PROMPT, 8
     keys0, written = cache.layers[0]._keys, plain.layers[0].keys
     assert keys0.codes[4].dtype == torch.uint8 and keys0.codes[4].shape == (batch, 1, length, width // 2)  # two codes a byte
-    assert torch.equal(unpack_nibbles(keys0.codes[4]), naive_codes(written[:, :1], 4))
+    assert torch.equal(unpack_halves(keys0.codes[4]), naive_codes(written[:, :1], 4))
     assert torch.equal(keys0.full, written[:, 1:])  # the 16-bit head, as computed
     assert torch.equal(keys0.kept, written[:, :, :1])  # the kept position, as computed
     values1 = cache.layers[1]._values

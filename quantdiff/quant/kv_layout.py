@@ -193,9 +193,19 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | No
     per_channel: scale and zero are (B, H, n, 1, D) over blocks of S / n tokens; else (B, H, S, groups, 1)."""
     shape = codes.shape
     view = codes.unflatten(-2, (scale.shape[-3], -1)) if per_channel else codes.unflatten(-1, (scale.shape[-2], -1))
-    grid = view.float()
-    out = grid.mul_(scale).add_(zero) if zero is not None else grid.sub_(qmax(bits)).mul_(scale)
+    out = torch.empty(view.shape, dtype=torch.float32, device=codes.device)
+    dequantize_into(view, scale, zero, bits, out)
     return out.reshape(shape).to(dtype)
+
+
+def dequantize_into(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int, out: torch.Tensor) -> None:
+    """out (float32, codes' shape, any strides) ← code · scale + zero in one fused pass (addcmul), or
+    (code − qmax) · scale; scale and zero broadcast to the codes. The cache's reads and `dequantize` share it, so
+    what the cache hands attention is bit for bit what the `kv` site computes."""
+    if zero is not None:
+        torch.addcmul(zero, codes.float(), scale, out=out)
+    else:
+        out.copy_(codes).sub_(qmax(bits)).mul_(scale)
 
 
 def fake_quantize(x: torch.Tensor, bits: int, layout: KVLayout, keys: bool, kept: torch.Tensor | None = None) -> torch.Tensor:

@@ -167,6 +167,30 @@ def window(model, tokenizer, length: int, new: int) -> None:
         print(f"| {name} | {seen} | {size / 2**20:.2f} MiB | {size / base[1]:.3f}× | {tokens == base[0]} |")
 
 
+def gap(model, ids: torch.Tensor, prompt: int, new: int) -> None:
+    """What "causal" buys on a real model: greedy decoding through the `token`-layout cache against a full forward
+    under the `kv` site (same codes, other matmul shapes), and the site's own forwards at two lengths."""
+    import quantdiff
+    from quantdiff.quant.sites import AbsmaxMethod, KVSite, QuantConfig, quantized
+    from quantdiff.quant.kv_layout import TOKEN
+
+    print(f"\n### Causal is exact at equal shapes only: {prompt}-token prompt, {new} greedy steps\n")
+    print("| bits | max |Δ logit| cache vs kv-site forward | argmax differs | kv site: max |Δ logit|, {0} vs {1} tokens, shared positions |".format(prompt, prompt + new)
+          + "\n|---|---|---|---|")
+    head = ids[:, :prompt]
+    for bits in (8, 4):
+        cache = quantdiff.kv_cache(model, bits=bits, layout="token")
+        out = model.generate(head, attention_mask=torch.ones_like(head), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, past_key_values=cache)
+        steps = torch.stack(out.logits, dim=1)
+        with quantized(model, QuantConfig(AbsmaxMethod(bits), KVSite(layout=TOKEN))):
+            full = model(out.sequences).logits
+            short = model(out.sequences[:, : prompt]).logits
+        at_steps = full[:, prompt - 1 : -1]
+        print(f"| {bits} | {float((steps - at_steps).abs().max()):.3f} | {int((steps.argmax(-1) != at_steps.argmax(-1)).sum())} of {new} "
+              f"| {float((short - full[:, :prompt]).abs().max()):.3f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
@@ -181,6 +205,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window", type=int, default=None, help="tokens for the sliding-window check (Gemma 3)")
     parser.add_argument("--new", type=int, default=16)
+    parser.add_argument("--gap", action="store_true", help="the cache against a full forward under the kv site (token layout)")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     torch.set_num_threads(1)
@@ -201,6 +226,8 @@ def main() -> None:
         damage(model, text_ids(tokenizer, args.prompt + args.steps), args.prompt, args.bits)
     if args.speed:
         speed(model, text_ids(tokenizer, max(args.contexts) + 1), args.contexts, args.speed_bits, args.decode_steps, args.rounds)
+    if args.gap:
+        gap(model, text_ids(tokenizer, 200), 200, args.new)
     if args.window:
         window(model, tokenizer, args.window, args.new)
 

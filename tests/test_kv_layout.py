@@ -56,7 +56,7 @@ def test_keys_per_channel_are_kivis_codes(bits):
     assert torch.equal(got.scale, scale) and torch.equal(got.zero, mn)
     # KIVI dequantizes with a multiply, then an add; quantdiff fuses them (addcmul): at most one rounding apart
     kivi = (codes.view(2, 3, 4, 8, 16) * scale + mn).view(x.shape)
-    ours = dequantize(got.codes, got.scale, got.zero, bits, x.dtype, per_channel=True)
+    ours = dequantize(got, x.dtype, per_channel=True)
     assert torch.allclose(ours, kivi, rtol=0, atol=2 * torch.finfo(torch.float32).eps * float(x.abs().max()))
     assert (ours - x).abs().max() <= (scale / 2).max() * (1 + 1e-5)  # half a level at most
 
@@ -95,7 +95,7 @@ def test_a_flat_group_dequantizes_to_its_value():
     x = torch.full((1, 1, 4, 8), 0.5)
     got = quantize_key_blocks(x, 4, KVLayout(residual=4))
     assert torch.equal(got.codes, torch.zeros_like(got.codes))
-    assert torch.equal(dequantize(got.codes, got.scale, got.zero, 4, x.dtype, per_channel=True), x)
+    assert torch.equal(dequantize(got, x.dtype, per_channel=True), x)
 
 
 def test_layouts_are_named_and_round_trip_through_json():

@@ -76,6 +76,7 @@ class _Store:
         self.quantized = 0  # tokens in the quantized part
         self.indices = {w: [h for h, b in enumerate(head_bits) if b == w] for w in sorted(set(head_bits))}
         self.packed: set[int] = set()  # widths stored packed
+        self.offsets: dict[int, int] = {}  # width -> what dequantization subtracts from a symmetric code
 
     @property
     def end(self) -> int:
@@ -106,6 +107,7 @@ class _Store:
                 self.full = _cat(self.full, part)
                 continue
             stored = quantize(part, width, self.layout, self.keys, kept)
+            self.offsets[width] = stored.offset
             if _packable(width, part.shape[-1], stored.scale.shape[-2], self.per_channel):
                 self.packed.add(width)
             codes = _pack(stored.codes, width) if width in self.packed else stored.codes
@@ -144,11 +146,11 @@ class _Store:
             target = out[..., i * part.shape[-1] : (i + 1) * part.shape[-1]]
             if self.per_channel:  # scale (B, h, n, 1, D): blocks along the tokens
                 s, z = (t[..., i * part.shape[-1] : (i + 1) * part.shape[-1]] if t is not None else None for t in (scale, zero))
-                dequantize_into(part.unflatten(-2, (scale.shape[-3], -1)), s, z, width, target.unflatten(-2, (scale.shape[-3], -1)))
+                dequantize_into(part.unflatten(-2, (scale.shape[-3], -1)), s, z, self.offsets[width], target.unflatten(-2, (scale.shape[-3], -1)))
             else:  # scale (B, h, S, G, 1): groups along the channels; a part holds G / parts of them (or the one)
                 groups = max(scale.shape[-2] // parts, 1)
                 s, z = (t[..., i * groups : (i + 1) * groups, :] if t is not None and scale.shape[-2] > 1 else t for t in (scale, zero))
-                dequantize_into(part.unflatten(-1, (groups, -1)), s, z, width, target.unflatten(-1, (groups, -1)))
+                dequantize_into(part.unflatten(-1, (groups, -1)), s, z, self.offsets[width], target.unflatten(-1, (groups, -1)))
 
     def drop_before(self, position: int) -> None:
         """Drop the whole quantized blocks that end before `position` (a sliding window's oldest)."""
@@ -323,7 +325,7 @@ def kv_cache(model: nn.Module, plan: KVPlan | None = None, bits: int | None = No
     if not isinstance(layout, KVLayout):
         raise ConfigError(f"layout must be a KVLayout (quantdiff.quant.kv_layout), got {type(layout).__name__}")
     if group_size is not None:
-        layout = KVLayout(layout.keys, layout.zero_point, group_size, layout.residual)
+        layout = KVLayout(layout.keys, layout.zero_point, group_size, layout.residual, layout.engine)
     if plan is not None:
         if not isinstance(plan, KVPlan):
             raise ConfigError(f"plan must be a KVPlan (quantdiff.quant.kv_plan.KVPlan.load(path)) or None, got {type(plan).__name__}")
@@ -340,5 +342,8 @@ def kv_cache(model: nn.Module, plan: KVPlan | None = None, bits: int | None = No
     width = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if layout.group_size is not None and width % layout.group_size:
         raise ConfigError(f"kv_cache: a group size of {layout.group_size} does not divide the head width {width}")
+    for layer in layer_plans:
+        for width in set(layer.kv_bits) - {FULL_BITS}:
+            layout.check_bits(width)
     windows = _windows(config)
     return QuantizedKVCache([QuantizedKVLayer(p, layout, w) for p, w in zip(layer_plans, windows)], layout)

@@ -31,6 +31,7 @@ import torch
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.core.integers import as_int
+from quantdiff.quant.kv_engines import BLOCK, ENGINE_BITS, OFFSETS, QUANTIZERS
 from quantdiff.quant.numerics import check_bits, check_group_size, qmax
 
 KEY_AXES = ("channel", "token")
@@ -42,12 +43,14 @@ class KVLayout:
     """keys: "channel" (a scale per channel over a block of `residual` tokens) or "token" (per token and KV head);
     values are always per token. zero_point: asymmetric min/max grid (KIVI) or symmetric absmax. group_size:
     channels per scale of a per-token row (None: the whole row). residual: tokens kept in float until they complete
-    a block of that many (0: every token quantized as written; needs keys per token)."""
+    a block of that many (0: every token quantized as written; needs keys per token). engine: an engine's own
+    quantizer instead of quantdiff's (`quant.kv_engines`: "q8_0", "q4_0"), per token in blocks of 32 channels."""
 
     keys: str = "channel"
     zero_point: bool = True
     group_size: int | None = None
     residual: int = DEFAULT_RESIDUAL
+    engine: str | None = None
 
     def __post_init__(self) -> None:
         if self.keys not in KEY_AXES:
@@ -61,6 +64,16 @@ class KVLayout:
             raise ConfigError(f"kv layout: residual must be a whole number of tokens ≥ 0, got {self.residual!r}")
         if self.keys == "channel" and residual == 0:
             raise ConfigError("kv layout: keys per channel need a block of tokens: residual must be at least 1")
+        if self.engine is not None:
+            if self.engine not in QUANTIZERS:
+                raise ConfigError(f"kv layout: unknown engine mode {self.engine!r} (choose from {', '.join(QUANTIZERS)})")
+            if (self.keys, self.zero_point, self.group_size, residual) != ("token", False, BLOCK, 0):
+                raise ConfigError(f"kv layout: llama.cpp's {self.engine} is per token in blocks of {BLOCK} channels, symmetric, with no residual")
+
+    def check_bits(self, bits: int) -> None:
+        """ConfigError when an engine mode is asked for a width its engine does not have."""
+        if self.engine is not None and bits != ENGINE_BITS[self.engine]:
+            raise ConfigError(f"kv layout {self.engine} stores {ENGINE_BITS[self.engine]}-bit codes, not {bits}")
 
     @property
     def causal(self) -> bool:
@@ -69,6 +82,8 @@ class KVLayout:
 
     @property
     def name(self) -> str:
+        if self.engine is not None:
+            return f"llama.cpp {self.engine}: per token, blocks of {BLOCK} channels, fp16 scales, ggml's rounding"
         keys = f"keys per channel over {self.residual}-token blocks" if self.keys == "channel" else "keys per token"
         groups = "" if self.group_size is None else f" in groups of {self.group_size} channels"
         grid = "asymmetric (zero-point)" if self.zero_point else "symmetric absmax"
@@ -77,7 +92,7 @@ class KVLayout:
 
     def to_dict(self) -> dict:
         return {"keys": self.keys, "values": "token", "zero_point": self.zero_point, "group_size": self.group_size,
-                "residual": self.residual, "name": self.name}
+                "residual": self.residual, "engine": self.engine, "name": self.name}
 
     @classmethod
     def from_dict(cls, data: object) -> KVLayout:
@@ -92,14 +107,19 @@ class KVLayout:
 
 KIVI = KVLayout()
 TOKEN = KVLayout(keys="token", zero_point=False, residual=0)
-LAYOUTS = {"kivi": KIVI, "token": TOKEN}
+ENGINE_LAYOUTS = {name: KVLayout("token", False, BLOCK, 0, name) for name in QUANTIZERS}
+LAYOUTS = {"kivi": KIVI, "token": TOKEN, **ENGINE_LAYOUTS}
 
 
 def layout_named(name: str, group_size: int | None = None, residual: int | None = None) -> KVLayout:
-    """A named layout (`LAYOUTS`), with its group size and residual overridden where given."""
+    """A named layout (`LAYOUTS`), with its group size and residual overridden where given (not an engine's)."""
     if not isinstance(name, str) or name not in LAYOUTS:
         raise ConfigError(f"unknown kv layout {name!r} (choose from {', '.join(LAYOUTS)})")
     base = LAYOUTS[name]
+    if base.engine is not None:
+        if group_size is not None or residual is not None:
+            raise ConfigError(f"kv layout {name} is llama.cpp's own: its blocks of {BLOCK} channels and its lack of a residual are fixed")
+        return base
     return KVLayout(base.keys, base.zero_point, group_size, base.residual if residual is None else residual)
 
 
@@ -108,13 +128,14 @@ def layout_named(name: str, group_size: int | None = None, residual: int | None 
 
 @dataclass(frozen=True)
 class KVCodes:
-    """codes: uint8 (≤ 8 bits) or int16, unsigned grid indices (symmetric codes c stored as c + qmax);
-    scale, zero: float32, broadcastable to the codes after `grouped` (zero None: symmetric)."""
+    """codes: uint8 (≤ 8 bits) or int16, unsigned grid indices (symmetric codes c stored as c + offset);
+    scale (float32, or an engine's float16), zero (float32; None: symmetric), shaped as the quantizers say;
+    value = code · scale + zero, or (code − offset) · scale."""
 
     codes: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor | None
-    bits: int
+    offset: int
 
 
 def _code_dtype(bits: int) -> torch.dtype:
@@ -135,7 +156,7 @@ def minmax_quantize(x: torch.Tensor, bits: int, dim: int, ignore: torch.Tensor |
     scale = (mx - mn) / levels
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # flat groups: code 0, dequant mn
     codes = ((data - mn) / safe).clamp_(0, levels).round_()
-    return KVCodes(codes.to(_code_dtype(bits)), scale, mn, bits)
+    return KVCodes(codes.to(_code_dtype(bits)), scale, mn, 0)
 
 
 def absmax_codes(x: torch.Tensor, bits: int, dim: int, ignore: torch.Tensor | None = None) -> KVCodes:
@@ -147,7 +168,7 @@ def absmax_codes(x: torch.Tensor, bits: int, dim: int, ignore: torch.Tensor | No
     inv = q / amax
     inv = torch.where(torch.isfinite(inv), inv, torch.zeros_like(inv))
     codes = (x.float() * inv).round_().clamp_(-q, q).add_(q)
-    return KVCodes(codes.to(_code_dtype(bits)), amax / q, None, bits)
+    return KVCodes(codes.to(_code_dtype(bits)), amax / q, None, q)
 
 
 def _quantize(x: torch.Tensor, bits: int, zero_point: bool, dim: int, ignore: torch.Tensor | None = None) -> KVCodes:
@@ -157,8 +178,12 @@ def _quantize(x: torch.Tensor, bits: int, zero_point: bool, dim: int, ignore: to
 def quantize_rows(x: torch.Tensor, bits: int, layout: KVLayout) -> KVCodes:
     """Per token: x (B, H, S, D) → codes (B, H, S, D); scale, zero (B, H, S, groups, 1)."""
     groups = _groups(x.shape[-1], layout.group_size)
+    if layout.engine is not None:
+        layout.check_bits(bits)
+        codes, d = QUANTIZERS[layout.engine](x)
+        return KVCodes(codes, d, None, OFFSETS[layout.engine])
     result = _quantize(x.unflatten(-1, (groups, -1)), bits, layout.zero_point, dim=-1)
-    return KVCodes(result.codes.flatten(-2), result.scale, result.zero, bits)
+    return KVCodes(result.codes.flatten(-2), result.scale, result.zero, result.offset)
 
 
 def quantize_key_blocks(x: torch.Tensor, bits: int, layout: KVLayout, kept: torch.Tensor | None = None) -> KVCodes:
@@ -169,7 +194,7 @@ def quantize_key_blocks(x: torch.Tensor, bits: int, layout: KVLayout, kept: torc
         raise ValueError(f"{x.shape[-2]} tokens are not whole blocks of {block}")
     ignore = None if kept is None else kept.view(-1, block, 1)
     result = _quantize(x.unflatten(-2, (-1, block)), bits, layout.zero_point, dim=-2, ignore=ignore)
-    return KVCodes(result.codes.flatten(-3, -2), result.scale, result.zero, bits)
+    return KVCodes(result.codes.flatten(-3, -2), result.scale, result.zero, result.offset)
 
 
 def quantize(x: torch.Tensor, bits: int, layout: KVLayout, keys: bool, kept: torch.Tensor | None = None) -> KVCodes:
@@ -188,24 +213,24 @@ def _groups(width: int, group_size: int | None) -> int:
     return width // group_size
 
 
-def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int, dtype: torch.dtype, per_channel: bool) -> torch.Tensor:
-    """codes (B, H, S, D) unsigned → (B, H, S, D) in `dtype`: code · scale + zero, or (code − qmax) · scale.
+def dequantize(stored: KVCodes, dtype: torch.dtype, per_channel: bool) -> torch.Tensor:
+    """codes (B, H, S, D) unsigned → (B, H, S, D) in `dtype`: code · scale + zero, or (code − offset) · scale.
     per_channel: scale and zero are (B, H, n, 1, D) over blocks of S / n tokens; else (B, H, S, groups, 1)."""
-    shape = codes.shape
+    codes, scale = stored.codes, stored.scale
     view = codes.unflatten(-2, (scale.shape[-3], -1)) if per_channel else codes.unflatten(-1, (scale.shape[-2], -1))
     out = torch.empty(view.shape, dtype=torch.float32, device=codes.device)
-    dequantize_into(view, scale, zero, bits, out)
-    return out.reshape(shape).to(dtype)
+    dequantize_into(view, scale, stored.zero, stored.offset, out)
+    return out.reshape(codes.shape).to(dtype)
 
 
-def dequantize_into(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int, out: torch.Tensor) -> None:
+def dequantize_into(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, offset: int, out: torch.Tensor) -> None:
     """out (float32, codes' shape, any strides) ← code · scale + zero in one fused pass (addcmul), or
-    (code − qmax) · scale; scale and zero broadcast to the codes. The cache's reads and `dequantize` share it, so
+    (code − offset) · scale; scale and zero broadcast to the codes. The cache's reads and `dequantize` share it, so
     what the cache hands attention is bit for bit what the `kv` site computes."""
     if zero is not None:
         torch.addcmul(zero, codes.float(), scale, out=out)
     else:
-        out.copy_(codes).sub_(qmax(bits)).mul_(scale)
+        out.copy_(codes).sub_(offset).mul_(scale)
 
 
 def fake_quantize(x: torch.Tensor, bits: int, layout: KVLayout, keys: bool, kept: torch.Tensor | None = None) -> torch.Tensor:
@@ -217,5 +242,5 @@ def fake_quantize(x: torch.Tensor, bits: int, layout: KVLayout, keys: bool, kept
     if done == 0:
         return x
     stored = quantize(x[:, :, :done], bits, layout, keys, None if kept is None else kept[:done])
-    out = dequantize(stored.codes, stored.scale, stored.zero, bits, x.dtype, keys and layout.keys == "channel")
+    out = dequantize(stored, x.dtype, keys and layout.keys == "channel")
     return out if done == x.shape[-2] else torch.cat([out, x[:, :, done:]], dim=2)

@@ -431,6 +431,8 @@ def check_supported(config: QuantConfig) -> None:
             raise ConfigError("site kv is quantized per token and KV head (granularity row) or as KIVI over the sequence (tensor), not per column")
         if config.site.layout is not None and not is_causal(config.method.granularity):
             raise ConfigError("a kv layout sets its own scales: it needs granularity row, not tensor")
+        if config.site.layout is not None:
+            config.site.layout.check_bits(config.method.bits)
         if config.site.group_size is not None and not is_causal(config.method.granularity):
             raise ConfigError("a kv group size splits each token's row into groups: it needs granularity row, not tensor")
         if config.site.plan is not None and config.method.bits != config.site.plan.budget_bits:

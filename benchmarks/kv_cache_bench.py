@@ -44,6 +44,7 @@ def makers(model, bits: int) -> dict:
         "kv_cache kivi (default)": lambda: quantdiff.kv_cache(model, bits=bits),
         "kv_cache kivi, plan first (position 0 kept)": lambda: quantdiff.kv_cache(model, first),
         "kv_cache token (former default)": lambda: quantdiff.kv_cache(model, bits=bits, layout="token"),
+        "kv_cache llama.cpp q8_0 / q4_0": (lambda: quantdiff.kv_cache(model, bits=bits, layout={8: "q8_0", 4: "q4_0"}[bits])) if bits in (8, 4) else None,
     }
     if importlib.util.find_spec("optimum") is not None and importlib.util.find_spec("optimum.quanto") is not None:
         out["QuantizedCache quanto"] = (lambda: QuantizedCache("quanto", model.config, nbits=bits)) if bits in (2, 4) else None
@@ -66,14 +67,17 @@ def cache_bytes(cache) -> int:
 
 
 def _tensors(value) -> list[torch.Tensor]:
+    """The plain tensors inside a layer attribute; a tensor subclass (quanto's QTensor, its PackedTensor) by the
+    tensors it wraps, not by the float size it poses as."""
     if isinstance(value, torch.Tensor):
+        if hasattr(value, "__tensor_flatten__"):
+            return [t for name in value.__tensor_flatten__()[0] for t in _tensors(getattr(value, name))]
         return [value]
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _tensors(v)]
     if isinstance(value, dict):
         return [t for v in value.values() for t in _tensors(v)]
-    inner = [getattr(value, name) for name in ("_data", "_scale", "_shift") if isinstance(getattr(value, name, None), torch.Tensor)]
-    return inner  # a quanto QTensor: its codes, scale and shift
+    return []
 
 
 def text_ids(tokenizer, count: int) -> torch.Tensor:

@@ -215,6 +215,7 @@ def main() -> None:
     torch.set_num_threads(1)
     import transformers
 
+    import quantdiff.quant.kv_cache  # noqa: F401  (every module this run measures, loaded now, not midway)
     from quantdiff.models.names import resolve_models
     from quantdiff.models.loading import load_tokenizer
     from quantdiff.quant.checkpoint import load

@@ -260,3 +260,23 @@ def test_layouts_the_cache_cannot_honour_are_refused(models):
         quantdiff.kv_cache(chunked, bits=4)
     with pytest.raises(ConfigError, match="needs granularity row"):
         check_supported(QuantConfig(AbsmaxMethod(4, PerTensor()), KVSite(layout=KIVI)))
+
+
+@pytest.mark.parametrize("layout", ["kivi", "token"])
+def test_a_left_padded_batch_decodes_as_each_sequence_alone_at_16_bits(models, layout):
+    """The cache hands attention every row as the model wrote it at 16 bits, whatever the layout's bookkeeping
+    (blocks, residual): a left-padded batch then decodes as through an unquantized cache, and at 4 bits the
+    cache still quantizes something."""
+    model = models["diff"]
+    ids = prompt(9)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # the second sequence is three tokens shorter, padded on the left
+    ids[1, :3] = 0
+    settings = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    small = KVLayout(residual=4) if layout == "kivi" else layout
+    with torch.no_grad():
+        expected = model.generate(ids, **settings, cache=DynamicCache())
+        exact = model.generate(ids, **settings, cache=quantdiff.kv_cache(model, bits=16, layout=small))
+        coarse = model.generate(ids, **settings, cache=quantdiff.kv_cache(model, bits=4, layout=small))
+    assert torch.equal(torch.stack(exact.logits), torch.stack(expected.logits))
+    assert (torch.stack(coarse.logits) - torch.stack(expected.logits)).abs().max() > 1e-4

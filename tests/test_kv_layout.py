@@ -118,3 +118,17 @@ def test_bad_layouts_are_refused(fields, message):
         KVLayout(**fields)
     with pytest.raises(ConfigError, match="unknown kv layout"):
         layout_named("kivi2")
+
+
+def test_parse_config_names_a_layout_for_the_kv_site_only():
+    from quantdiff.quant.sites import parse_config
+
+    config = parse_config("absmax", 4, "kv", kv_layout="kivi", group_size=16)
+    assert config.site.layout == KVLayout(group_size=16) and config.site.group_size is None
+    assert parse_config("absmax", 8, "kv", kv_layout="q8_0").site.layout == layout_named("q8_0")
+    with pytest.raises(ConfigError, match="not site 'linear'"):
+        parse_config("absmax", 4, "linear", kv_layout="kivi")
+    with pytest.raises(ConfigError, match="stores 8-bit codes, not 4"):
+        parse_config("absmax", 4, "kv", kv_layout="q8_0")
+    with pytest.raises(ConfigError, match="needs granularity row"):
+        parse_config("absmax", 4, "kv", granularity="tensor", kv_layout="kivi")

@@ -243,6 +243,7 @@ def parse_config(
     include_lm_head: bool = False,
     group_size: int | None = None,
     transform: Transform | None = None,
+    kv_layout: str | None = None,
 ) -> QuantConfig:
     """Names to config types (the CLI's and the API's way in). Raises ConfigError with a one-line message.
 
@@ -250,13 +251,17 @@ def parse_config(
     sequence, not causal: the former default) or "column" (per channel over the sequence, not causal).
     group_size: absmax weights in groups of that many inputs per output channel (site linear), or the KV cache's
     rows in groups of that many channels (site kv, granularity row).
-    transform: a Hadamard rotation or SmoothQuant smoothing before quantizing (site linear only)."""
+    transform: a Hadamard rotation or SmoothQuant smoothing before quantizing (site linear only).
+    kv_layout: a KV-cache layout by name (`quant.kv_layout.LAYOUTS`: "kivi", "token", "q8_0", "q4_0"; site kv
+    only), quantized with `quantdiff.kv_cache`'s own functions; group_size then sets the layout's groups."""
     bits = parse_bit_width(bits)
     _refuse_ignored(method_name(method), site_name(site), threshold, include_lm_head)
     if transform is not None and not isinstance(transform, get_args(Transform)):  # a name is not a transform
         raise ConfigError(f"transform must be None, a HadamardRotation or a Smoothing (quantdiff.HadamardRotation()), got {transform!r}")
     if group_size is not None and site_name(site) not in ("linear", "kv"):
         raise ConfigError(f"a group size sets how the linear site's weights or the kv site's rows are quantized, not site {site!r}")
+    if kv_layout is not None and site_name(site) != "kv":
+        raise ConfigError(f"a kv layout sets how the kv site quantizes the cache, not site {site!r}")
     kv_groups = group_size if site_name(site) == "kv" else None
     if kv_groups is not None:
         group_size = None  # the cache's rows are grouped, not any weight
@@ -272,10 +277,16 @@ def parse_config(
     if site_type is LinearSite:
         site_cfg: Site = site_type(include_lm_head=include_lm_head, transform=transform)
     else:
-        site_cfg = KVSite(group_size=kv_groups) if site_type is KVSite else site_type()
+        site_cfg = _kv_site(kv_groups, kv_layout) if site_type is KVSite else site_type()
     config = QuantConfig(method_cfg, site_cfg)
     check_supported(config)
     return config
+
+
+def _kv_site(group_size: int | None, layout: str | None) -> KVSite:
+    if layout is None:
+        return KVSite(group_size=group_size)
+    return KVSite(layout=kv_layout.layout_named(layout, group_size=group_size))
 
 
 def _refuse_ignored(method: str, site: str, threshold: object, include_lm_head: object) -> None:

@@ -136,7 +136,8 @@ class KVSite:
     """The keys and values attention reads, after RoPE, as a KV cache holds them. Absmax only, at any 2–16 bits.
     At the default granularity (row, causal) each token is quantized as it is written: keys and values one scale
     per token and KV head over the head's channels, or per `group_size` channels of it (vLLM's per-token-head
-    INT8 KV, llama.cpp's q8_0/q4_0 blocks of 32); `quantdiff.kv_cache` stores exactly these codes.
+    INT8 KV and llama.cpp's q8_0/q4_0 blocks of 32 approximately: their exact codes are the `q8_0` and `q4_0`
+    layouts); `quantdiff.kv_cache(..., layout="token")` stores exactly these codes.
     At granularity tensor (the former default, not causal) KIVI's scheme over the whole sequence (Liu et al.
     2024, §3): keys per channel (one scale per sequence, KV head and channel, over the sequence's tokens), values
     per token; KIVI's token groups and full-precision window of recent tokens are left out.
@@ -359,7 +360,8 @@ class LLMInt8QKQuantizer:
 @dataclass(frozen=True)
 class KVQuantizer:
     """A tap's K/V quantizer (`KVSite`); K (B, Hkv, S, D) and V (B, Hkv, S, Dv) in the layout the KV cache holds.
-    Causal (the default): every row, one token of one KV head, on its own scale(s), as `kv_cache` writes it;
+    Causal (the default): every row, one token of one KV head, on its own scale(s), as `kv_cache`'s `token` layout
+    writes it;
     otherwise KIVI over the sequence (keys per channel, values per token)."""
 
     bits: int

@@ -179,7 +179,7 @@ def gap(model, ids: torch.Tensor, prompt: int, new: int) -> None:
     from quantdiff.quant.kv_layout import TOKEN
 
     print(f"\n### Causal is exact at equal shapes only: {prompt}-token prompt, {new} greedy steps\n")
-    print("| bits | max |Δ logit| cache vs kv-site forward | argmax differs | kv site: max |Δ logit|, {0} vs {1} tokens, shared positions |".format(prompt, prompt + new)
+    print("| bits | max abs Δ logit, cache vs kv-site forward | argmax differs | kv site: max abs Δ logit, {0} vs {1} tokens, shared positions |".format(prompt, prompt + new)
           + "\n|---|---|---|---|")
     head = ids[:, :prompt]
     for bits in (8, 4):

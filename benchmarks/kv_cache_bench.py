@@ -19,6 +19,7 @@ transformers' QuantizedCache backends are installed for the benchmark only (neve
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import statistics
 import sys
@@ -238,6 +239,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import importlib
-
     main()

@@ -112,10 +112,9 @@ class _Store:
                 self.packed.add(width)
             codes = _pack(stored.codes, width) if width in self.packed else stored.codes
             self.codes[width] = _cat(self.codes.get(width), codes)
-            scale_axis = 2
-            self.scales[width] = _cat(self.scales.get(width), stored.scale, scale_axis)
+            self.scales[width] = _cat(self.scales.get(width), stored.scale)  # axis 2: blocks, or tokens
             if stored.zero is not None:
-                self.zeros[width] = _cat(self.zeros.get(width), stored.zero, scale_axis)
+                self.zeros[width] = _cat(self.zeros.get(width), stored.zero)
         self.quantized += done
 
     def read(self, last: int) -> torch.Tensor:
@@ -186,8 +185,8 @@ class _Store:
         self.full, self.kept, self.residual = (None if t is None else fn(t) for t in (self.full, self.kept, self.residual))
 
 
-def _cat(old: torch.Tensor | None, new: torch.Tensor, dim: int = 2) -> torch.Tensor:
-    return new if old is None else torch.cat([old, new], dim=dim)
+def _cat(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    return new if old is None else torch.cat([old, new], dim=2)
 
 
 class QuantizedKVLayer(DynamicLayer):

@@ -20,7 +20,7 @@ from quantdiff.core.memory import check_fits
 from quantdiff.data.sources import Batch, make_batches
 from quantdiff.models import loading
 from quantdiff.models.names import check_one_model, resolve
-from quantdiff.quant import checkpoint, export, formats, gguf_export, kv_cache as kv_caches, sites, transforms
+from quantdiff.quant import checkpoint, export, formats, gguf_export, kv_cache as kv_caches, kv_layout as kv_layouts, sites, transforms
 from quantdiff.quant.formats import ExportFormat
 from quantdiff.quant.gguf_format import GGUFExport
 from quantdiff.stats.collect import DEFAULT_K
@@ -139,12 +139,16 @@ def export_quantized(model: str | Path, out: str | Path, fmt: ExportFormat, **kw
 
 
 @check.arguments
-def kv_cache(model: nn.Module, plan: Any = None, bits: int | None = None, group_size: int | None = None) -> kv_caches.QuantizedKVCache:
-    """A KV cache storing keys and values quantized as they are written, for
-    `model.generate(..., past_key_values=quantdiff.kv_cache(model, plan))` (see `quant.kv_cache`)."""
+def kv_cache(model: nn.Module, plan: Any = None, bits: int | None = None, group_size: int | None = None,
+             layout: str | kv_layouts.KVLayout = "kivi") -> kv_caches.QuantizedKVCache:
+    """A KV cache storing keys and values quantized, for
+    `model.generate(..., past_key_values=quantdiff.kv_cache(model, plan))` (see `quant.kv_cache`). layout: "kivi"
+    (keys per channel over 128-token blocks, values per token, zero-points, recent tokens in float) or "token"
+    (per token and KV head, symmetric, every token quantized as written), or a `quant.kv_layout.KVLayout`."""
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a loaded model (quantdiff.load(...)), got {check.kind_of(model)}")
-    return kv_caches.kv_cache(model, plan, bits, group_size)
+    chosen = layout if isinstance(layout, kv_layouts.KVLayout) else kv_layouts.layout_named(layout)
+    return kv_caches.kv_cache(model, plan, bits, group_size, chosen)
 
 
 # The config builders, with their calls checked as every function here (their own checks cover the values).

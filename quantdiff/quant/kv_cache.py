@@ -1,109 +1,188 @@
-"""A real quantized KV cache on transformers' `Cache` API: keys and values stored as integer codes with scales,
-written once per token, read back dequantized; `model.generate(..., past_key_values=kv_cache(model, plan))`.
+"""A real quantized KV cache on transformers' `Cache` API: keys and values stored as integer codes with scales
+(and zero-points), read back dequantized; `model.generate(..., past_key_values=kv_cache(model, plan))`.
 
-Each row of the cache (one token of one KV head, after RoPE) is quantized when it is written, on its own absmax
-scale, or one scale per `group_size` channels of the row: what vLLM's per-token-head INT8 KV cache and llama.cpp's
-q8_0/q4_0 blocks do, and exactly the `kv` site's causal quantizer (`sites.KVQuantizer`), so a full forward under
-the `kv` site and a generation through this cache see the same keys and values. A token is never re-quantized and
-no later token changes its scale.
+How the codes are laid out is a `quant.kv_layout.KVLayout`, named in the cache's repr and `describe()`:
+by default KIVI's (keys per channel over blocks of 128 tokens, values per token, both with a zero-point; the
+most recent tokens in float until they complete a block). A block is quantized once, after the forward that
+completes it has read it in float, and never again: no query reads a scale set by a later token (causal). The
+`kv` site quantizes with the same functions (`kv_layout.fake_quantize`), so a sweep measures these codes.
 
-Storage per layer (`_QuantizedRows`, once for keys, once for values): the KV heads grouped by their width; heads at
-16 bits as the model computed them; heads at 9–15 bits as int16 codes, 5–8 bits int8, ≤ 4 bits packed densely
-(`quant.packing`: two 4-bit codes a byte) when a row fills whole bytes, else int8; float32 scales per row or group.
-A kv plan (`quant.kv_plan`) sets each (layer, KV head)'s width and the positions kept at 16 bits (the sinks):
-their rows are stored as computed, beside the codes (whose few entries at those positions are never read).
+Storage per layer (`_Store`, once for keys, once for values): the float residual (every head, the model's
+dtype); then per width of the plan's KV heads the quantized blocks: codes as uint8 (two 4-bit or four 2-bit codes
+a byte, packed along the channels; other widths one code a byte, int16 above 8 bits), float32 scales and
+zero-points; heads at 16 bits as computed. A kv plan (`quant.kv_plan`) sets each (layer, KV head)'s width and the
+positions kept at 16 bits (the sinks): their rows are stored as computed and left out of their block's key scales.
+
+Sliding-window layers (Gemma 3's local layers) keep at most the window, as transformers' `DynamicSlidingWindowLayer`
+does: whole quantized blocks that no later query can see are dropped, and attention reads the last
+`window − 1` tokens plus the new ones.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, get_layer_types_and_kwargs
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import structure
+from quantdiff.quant.kv_layout import KIVI, KVLayout, dequantize_into, quantize
 from quantdiff.quant.kv_plan import FULL_BITS, KVPlan, LayerPlan, check_plan_fits
-from quantdiff.quant.numerics import check_bits, check_group_size, expand_group_scales, rowwise_absmax_quantize
-from quantdiff.quant.packing import pack_codes, unpack_codes
+from quantdiff.quant.numerics import check_bits
 
-PACKED_MAX_BITS = 4  # at most this many bits a code, rows are bit-packed (int8 codes would waste half or more)
+PACKED = (2, 4)  # widths whose codes fill whole bytes: packed (shift and mask in uint8, no int64)
 
 
-class _QuantizedRows:
-    """One tensor kind (keys or values) of one layer: (B, H, S, D) rows appended along S, stored quantized."""
+def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """(..., D) uint8 codes → (..., D·bits/8): byte j holds channel j + i·D·bits/8 in bits i·bits … (i+1)·bits − 1
+    (the channels cut into 8/bits contiguous parts: each part dequantizes into a contiguous run of the output,
+    twice as fast as interleaved nibbles)."""
+    parts = codes.unflatten(-1, (8 // bits, -1))
+    out = parts[..., 0, :].clone()
+    for i in range(1, 8 // bits):
+        out |= parts[..., i, :] << (i * bits)
+    return out
 
-    def __init__(self, head_bits: tuple[int, ...], group_size: int | None) -> None:
+
+def _part(packed: torch.Tensor, bits: int, i: int) -> torch.Tensor:
+    """The codes of channel part i (`_pack`), uint8."""
+    return (packed >> (i * bits) if i else packed) & ((1 << bits) - 1)
+
+
+def _packable(bits: int, row: int, groups: int, per_channel: bool) -> bool:
+    """Whether codes of this width pack: they fill whole bytes and each channel part holds whole scale groups."""
+    per = 8 // bits
+    return bits in PACKED and row % per == 0 and (per_channel or groups == 1 or groups % per == 0)
+
+
+class _Store:
+    """One tensor kind (keys or values) of one layer: (B, H, S, D) rows appended along S."""
+
+    def __init__(self, head_bits: tuple[int, ...], layout: KVLayout, keys: bool, keep: tuple[int, ...]) -> None:
         self.head_bits = head_bits
-        self.group_size = group_size
-        self.codes: dict[int, torch.Tensor] = {}  # width -> (B, h, S, D) int codes, or (B, h, S, D·w/8) packed uint8
-        self.scales: dict[int, torch.Tensor] = {}  # width -> (B, h, S, 1 or groups) float32
-        self.full: torch.Tensor | None = None  # (B, h16, S, D): the heads at 16 bits
-        self.kept: torch.Tensor | None = None  # (B, H, kept, D): the kept positions' rows, as computed
-        self.length = 0
-        self.shape: tuple[int, int, int] | None = None  # (B, H, D), fixed at the first write
-        self.dtype: torch.dtype | None = None
+        self.layout = layout
+        self.per_channel = keys and layout.keys == "channel"
+        self.keys = keys
+        self.keep = frozenset(keep)
+        self.block = layout.residual or 1  # tokens quantized together; 1: each token as written
+        self.residual: torch.Tensor | None = None  # (B, H, r, D) float, r < block after a flush
+        self.codes: dict[int, torch.Tensor] = {}  # width -> (B, h, Sq, D) uint8/int16, or packed (B, h, Sq, D·w/8)
+        self.scales: dict[int, torch.Tensor] = {}
+        self.zeros: dict[int, torch.Tensor] = {}
+        self.full: torch.Tensor | None = None  # (B, h16, Sq, D): heads at 16 bits
+        self.kept: torch.Tensor | None = None  # (B, H, k, D): kept positions' rows, as computed
+        self.kept_positions: list[int] = []
+        self.offset = 0  # position of the first stored token (a sliding window drops whole blocks)
+        self.quantized = 0  # tokens in the quantized part
+        self.indices = {w: [h for h, b in enumerate(head_bits) if b == w] for w in sorted(set(head_bits))}
+        self.packed: set[int] = set()  # widths stored packed
+        self.offsets: dict[int, int] = {}  # width -> what dequantization subtracts from a symmetric code
 
-    def _heads(self, width: int, device: torch.device) -> torch.Tensor:
-        return torch.tensor([h for h, b in enumerate(self.head_bits) if b == width], device=device)
+    @property
+    def end(self) -> int:
+        return self.offset + self.quantized + (0 if self.residual is None else self.residual.shape[2])
 
-    def _packed(self, width: int, row: int) -> bool:
-        return width <= PACKED_MAX_BITS and (row * width) % 8 == 0
+    def append(self, x: torch.Tensor) -> None:
+        if x.shape[1] != len(self.head_bits):
+            raise ConfigError(f"kv cache: the model writes {x.shape[1]} KV heads, the plan gives bits for {len(self.head_bits)}")
+        self.residual = x if self.residual is None else torch.cat([self.residual, x], dim=2)
 
-    def append(self, x: torch.Tensor, keep: torch.Tensor) -> None:
-        """x (B, H, T, D), the rows of positions length … length + T − 1; `keep` (T,) bool: rows kept at 16 bits."""
-        batch, heads, new, row = x.shape
-        if self.shape is None:
-            if heads != len(self.head_bits):
-                raise ConfigError(f"kv cache: the model writes {heads} KV heads, the plan gives bits for {len(self.head_bits)}")
-            self.shape, self.dtype = (batch, heads, row), x.dtype
-        for width in sorted(set(self.head_bits)):
-            part = x.index_select(1, self._heads(width, x.device))
+    def flush(self) -> None:
+        """Quantize the residual's complete blocks (all of them at once: a prompt's)."""
+        done = self.residual.shape[2] // self.block * self.block
+        if done == 0:
+            return
+        chunk, self.residual = self.residual[:, :, :done], self.residual[:, :, done:]
+        start = self.offset + self.quantized
+        positions = [p for p in range(start, start + done) if p in self.keep]
+        kept = None
+        if positions:
+            kept = torch.zeros(done, dtype=torch.bool, device=chunk.device)
+            kept[[p - start for p in positions]] = True
+            self.kept = _cat(self.kept, chunk[:, :, kept])
+            self.kept_positions += positions
+        for width, heads in self.indices.items():
+            part = chunk if len(self.indices) == 1 else chunk[:, heads]
             if width == FULL_BITS:
                 self.full = _cat(self.full, part)
                 continue
-            result = rowwise_absmax_quantize(part, width, self.group_size)
-            codes = pack_codes(result.codes, width).view(*part.shape[:3], -1) if self._packed(width, row) else result.codes
+            stored = quantize(part, width, self.layout, self.keys, kept)
+            self.offsets[width] = stored.offset
+            if _packable(width, part.shape[-1], stored.scale.shape[-2], self.per_channel):
+                self.packed.add(width)
+            codes = _pack(stored.codes, width) if width in self.packed else stored.codes
             self.codes[width] = _cat(self.codes.get(width), codes)
-            self.scales[width] = _cat(self.scales.get(width), result.scale)
-        if bool(keep.any()):
-            self.kept = _cat(self.kept, x[:, :, keep])
-        self.length += new
+            self.scales[width] = _cat(self.scales.get(width), stored.scale)  # axis 2: blocks, or tokens
+            if stored.zero is not None:
+                self.zeros[width] = _cat(self.zeros.get(width), stored.zero)
+        self.quantized += done
 
-    def read(self) -> torch.Tensor:
-        """Every row written so far, dequantized: (B, H, S, D) in the model's dtype."""
-        batch, heads, row = self.shape
-        out = torch.empty(batch, heads, self.length, row, dtype=self.dtype, device=self._device())
-        for width in set(self.head_bits):
-            index = self._heads(width, out.device)
-            out[:, index] = self.full if width == FULL_BITS else self._dequantize(width)
-        return out
+    def read(self, last: int) -> torch.Tensor:
+        """The last `last` stored tokens, dequantized: (B, H, last, D) in the residual's dtype."""
+        batch, heads, _, row = self.residual.shape
+        out = torch.empty(batch, heads, self.quantized + self.residual.shape[2], row, dtype=self.residual.dtype, device=self.residual.device)
+        if self.quantized:
+            for width, index in self.indices.items():
+                if width == FULL_BITS:
+                    out[:, index, : self.quantized] = self.full
+                elif len(self.indices) == 1 and out.dtype == torch.float32:
+                    self._dequantize_into(width, out[:, :, : self.quantized])  # straight into attention's tensor
+                else:
+                    part = torch.empty(batch, len(index), self.quantized, row, device=out.device)
+                    self._dequantize_into(width, part)
+                    out[:, index, : self.quantized] = part
+            for i, position in enumerate(self.kept_positions):
+                out[:, :, position - self.offset] = self.kept[:, :, i]
+        out[:, :, self.quantized :] = self.residual
+        return out[:, :, -last:] if last < out.shape[2] else out
 
-    def _dequantize(self, width: int) -> torch.Tensor:
-        batch, _, row = self.shape
-        codes, scale = self.codes[width], self.scales[width]
-        if self._packed(width, row):
-            codes = unpack_codes(codes.reshape(-1), width, (*codes.shape[:3], row))
-        if self.group_size is not None:
-            scale = expand_group_scales(scale, self.group_size, row)
-        return (codes.float() * scale).to(self.dtype)  # the float32 product `numerics` dequantizes with
+    def _dequantize_into(self, width: int, out: torch.Tensor) -> None:
+        """out (B, h, Sq, D) float32 ← the width's codes dequantized, one channel part at a time when packed."""
+        codes, scale, zero = self.codes[width], self.scales[width], self.zeros.get(width)
+        parts = 8 // width if width in self.packed else 1
+        for i in range(parts):
+            part = _part(codes, width, i) if parts > 1 else codes
+            target = out[..., i * part.shape[-1] : (i + 1) * part.shape[-1]]
+            if self.per_channel:  # scale (B, h, n, 1, D): blocks along the tokens
+                s, z = (t[..., i * part.shape[-1] : (i + 1) * part.shape[-1]] if t is not None else None for t in (scale, zero))
+                dequantize_into(part.unflatten(-2, (scale.shape[-3], -1)), s, z, self.offsets[width], target.unflatten(-2, (scale.shape[-3], -1)))
+            else:  # scale (B, h, S, G, 1): groups along the channels; a part holds G / parts of them (or the one)
+                groups = max(scale.shape[-2] // parts, 1)
+                s, z = (t[..., i * groups : (i + 1) * groups, :] if t is not None and scale.shape[-2] > 1 else t for t in (scale, zero))
+                dequantize_into(part.unflatten(-1, (groups, -1)), s, z, self.offsets[width], target.unflatten(-1, (groups, -1)))
 
-    def _device(self) -> torch.device:
-        stored = self.full if self.full is not None else next(iter(self.codes.values()))
-        return stored.device
+    def drop_before(self, position: int) -> None:
+        """Drop the whole quantized blocks that end before `position` (a sliding window's oldest)."""
+        blocks = (min(position, self.offset + self.quantized) - self.offset) // self.block
+        if blocks <= 0:
+            return
+        tokens = blocks * self.block
+        for width in self.codes:
+            self.codes[width] = self.codes[width][:, :, tokens:]
+            self.scales[width] = self.scales[width][:, :, blocks if self.per_channel else tokens :]
+            if width in self.zeros:
+                self.zeros[width] = self.zeros[width][:, :, blocks if self.per_channel else tokens :]
+        if self.full is not None:
+            self.full = self.full[:, :, tokens:]
+        self.offset += tokens
+        self.quantized -= tokens
+        if self.kept_positions:
+            stay = [i for i, p in enumerate(self.kept_positions) if p >= self.offset]
+            self.kept = self.kept[:, :, stay] if stay else None
+            self.kept_positions = [self.kept_positions[i] for i in stay]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (*self.codes.values(), *self.scales.values(), *self.zeros.values(), self.full, self.kept, self.residual) if t is not None]
 
     def nbytes(self) -> int:
-        tensors = [*self.codes.values(), *self.scales.values(), self.full, self.kept]
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def map(self, fn) -> None:
         """Apply fn to every stored tensor (their batch axis: beam search's reordering, repeats)."""
-        self.codes = {w: fn(t) for w, t in self.codes.items()}
-        self.scales = {w: fn(t) for w, t in self.scales.items()}
-        self.full = None if self.full is None else fn(self.full)
-        self.kept = None if self.kept is None else fn(self.kept)
-        stored = self.full if self.full is not None else next(iter(self.codes.values()), None)
-        if stored is not None and self.shape is not None:
-            self.shape = (stored.shape[0], *self.shape[1:])
+        for table in (self.codes, self.scales, self.zeros):
+            for width in table:
+                table[width] = fn(table[width])
+        self.full, self.kept, self.residual = (None if t is None else fn(t) for t in (self.full, self.kept, self.residual))
 
 
 def _cat(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
@@ -113,45 +192,64 @@ def _cat(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
 class QuantizedKVLayer(DynamicLayer):
     """One decoder layer's quantized cache (transformers' `CacheLayerMixin` protocol, grown like `DynamicLayer`).
 
-    `update` quantizes the new keys and values (rows of the kept positions also stored as computed) and returns
-    the whole cache dequantized, the new tokens included, as attention reads it."""
+    `update` appends the new keys and values in float, returns what attention reads (the quantized blocks
+    dequantized, the residual and the new tokens as computed), then quantizes the blocks now complete. With no
+    residual (layout `token`) every token is quantized before it is read: its scale sees only itself."""
 
-    is_croppable = False  # crop would have to cut packed rows and the kept rows apart; generate never needs it here
+    is_croppable = False  # crop would have to cut packed blocks and the kept rows apart; generate never needs it here
 
-    def __init__(self, layer: LayerPlan, group_size: int | None = None) -> None:
+    def __init__(self, layer: LayerPlan, layout: KVLayout = KIVI, sliding_window: int | None = None) -> None:
         super().__init__()
         self.plan = layer
-        self.group_size = group_size
+        self.layout = layout
+        self.sliding_window = sliding_window
+        self.is_sliding = sliding_window is not None
         self.cumulative_length = 0
         self._keys = self._values = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self._keys = _QuantizedRows(self.plan.kv_bits, self.group_size)
-        self._values = _QuantizedRows(self.plan.kv_bits, self.group_size)
+        self._keys = _Store(self.plan.kv_bits, self.layout, True, self.plan.keep_positions)
+        self._values = _Store(self.plan.kv_bits, self.layout, False, self.plan.keep_positions)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start, new = self.cumulative_length, key_states.shape[-2]
-        positions = torch.arange(start, start + new)
-        keep = torch.isin(positions, torch.tensor(self.plan.keep_positions, dtype=torch.long)).to(key_states.device)
-        self._keys.append(key_states, keep)
-        self._values.append(value_states, keep)
+        new = key_states.shape[-2]
         self.cumulative_length += new
-        keys, values = self._keys.read(), self._values.read()
-        kept = [p for p in sorted(set(self.plan.keep_positions)) if p < self.cumulative_length]
-        if kept:
-            keys[:, :, kept], values[:, :, kept] = self._keys.kept, self._values.kept
+        stores = (self._keys, self._values)
+        for store, x in zip(stores, (key_states, value_states)):
+            store.append(x)
+            if self.layout.residual == 0:
+                store.flush()
+        visible = self.cumulative_length if self.sliding_window is None else min(self.cumulative_length, self.sliding_window - 1 + new)
+        keys, values = (store.read(visible) for store in stores)
+        for store in stores:
+            if self.layout.residual:
+                store.flush()
+            if self.sliding_window is not None:
+                store.drop_before(self.cumulative_length - self.sliding_window + 1)
         return keys, values  # not kept: a float copy held between steps would undo the savings
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self.sliding_window is None:
+            return self.cumulative_length + query_length, 0
+        # as transformers' DynamicSlidingWindowLayer: the last window − 1 tokens and the new ones
+        offset = max(self.cumulative_length - self.sliding_window + 1, 0)
+        if self.cumulative_length >= self.sliding_window:
+            return self.sliding_window - 1 + query_length, offset
+        return self.cumulative_length + query_length, offset
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
 
+    def get_max_length(self) -> int:
+        return -1 if self.sliding_window is None else self.sliding_window
+
     def nbytes(self) -> int:
-        """Bytes the cache holds: codes, scales and full-precision rows (the dequantized copy `update` returns is
-        attention's, freed with the layer's forward, not the cache's)."""
+        """Bytes the cache holds: codes, scales, zero-points, float residual and full-precision rows (the
+        dequantized copy `update` returns is attention's, freed with the layer's forward, not the cache's)."""
         return 0 if not self.is_initialized else self._keys.nbytes() + self._values.nbytes()
 
     def reset(self) -> None:
@@ -180,22 +278,53 @@ class QuantizedKVLayer(DynamicLayer):
 class QuantizedKVCache(Cache):
     """A model's quantized KV cache: one `QuantizedKVLayer` per decoder layer. `nbytes()` counts what it stores."""
 
-    def __init__(self, layers: list[QuantizedKVLayer]) -> None:
+    def __init__(self, layers: list[QuantizedKVLayer], layout: KVLayout) -> None:
         super().__init__(layers=layers)
+        self.layout = layout
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
 
+    def describe(self) -> dict:
+        """The cache's settings, for a JSON record: its layout (named) and per layer the bits and window."""
+        return {"layout": self.layout.to_dict(),
+                "layers": [{"kv_bits": list(l.plan.kv_bits), "keep_positions": list(l.plan.keep_positions), "sliding_window": l.sliding_window}
+                           for l in self.layers]}
 
-def kv_cache(model: nn.Module, plan: KVPlan | None = None, bits: int | None = None, group_size: int | None = None) -> QuantizedKVCache:
+    def __repr__(self) -> str:
+        bits = sorted({b for l in self.layers for b in l.plan.kv_bits})
+        sliding = sum(l.is_sliding for l in self.layers)
+        return f"QuantizedKVCache({len(self.layers)} layers, {sliding} sliding, bits {bits}, layout: {self.layout.name})"
+
+
+def _windows(config) -> list[int | None]:
+    """Per decoder layer: its sliding window, or None for full attention; other kinds refused by name."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    types, kwargs = get_layer_types_and_kwargs(text)
+    windows = []
+    for kind, extra in zip(types, kwargs):
+        if kind == "full_attention":
+            windows.append(None)
+        elif kind == "sliding_attention":
+            windows.append(int(extra["sliding_window"]))
+        else:
+            raise ConfigError(f"kv_cache: layers of type {kind!r} are not implemented (full and sliding-window attention are)")
+    return windows
+
+
+def kv_cache(model: nn.Module, plan: KVPlan | None = None, bits: int | None = None, group_size: int | None = None,
+             layout: KVLayout = KIVI) -> QuantizedKVCache:
     """A quantized KV cache for `model`: every KV head at `bits`, or as `plan` says (per-head bits, positions kept at
-    16 bits; `bits`, if given, must be its budget). `group_size`: one scale per that many channels of a row."""
+    16 bits; `bits`, if given, must be its budget). `layout`: how codes are laid out (`quant.kv_layout`; KIVI's
+    by default); `group_size`, if given, sets the layout's channels per scale of a per-token row."""
     config = getattr(model, "config", None)
     layers = getattr(config, "num_hidden_layers", None)
     if not isinstance(layers, int):
         raise ConfigError("kv_cache needs a transformers model (one with config.num_hidden_layers)")
+    if not isinstance(layout, KVLayout):
+        raise ConfigError(f"layout must be a KVLayout (quantdiff.quant.kv_layout), got {type(layout).__name__}")
     if group_size is not None:
-        check_group_size(group_size)
+        layout = KVLayout(layout.keys, layout.zero_point, group_size, layout.residual, layout.engine)
     if plan is not None:
         if not isinstance(plan, KVPlan):
             raise ConfigError(f"plan must be a KVPlan (quantdiff.quant.kv_plan.KVPlan.load(path)) or None, got {type(plan).__name__}")
@@ -209,4 +338,11 @@ def kv_cache(model: nn.Module, plan: KVPlan | None = None, bits: int | None = No
         check_bits(bits)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         layer_plans = [LayerPlan((bits,) * heads) for _ in range(layers)]
-    return QuantizedKVCache([QuantizedKVLayer(layer, group_size) for layer in layer_plans])
+    width = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if layout.group_size is not None and width % layout.group_size:
+        raise ConfigError(f"kv_cache: a group size of {layout.group_size} does not divide the head width {width}")
+    for layer in layer_plans:
+        for width in set(layer.kv_bits) - {FULL_BITS}:
+            layout.check_bits(width)
+    windows = _windows(config)
+    return QuantizedKVCache([QuantizedKVLayer(p, layout, w) for p, w in zip(layer_plans, windows)], layout)

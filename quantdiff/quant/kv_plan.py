@@ -47,6 +47,7 @@ from torch import nn
 import quantdiff.attention.backend as attention
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import structure
+from quantdiff.quant.kv_layout import KVLayout, fake_quantize
 from quantdiff.quant.kv_plan_schema import MAX_POSITION, PLAN_SCHEMA, PLAN_VERSION, POLICIES, QUANTIZER, check_plan_document, read_plan_json
 from quantdiff.quant.numerics import PerColumn, PerRow, absmax, check_bits, fake_quantize_with_absmax, rowwise_absmax_quantize
 from quantdiff.stats.sinks import SINK_EPSILON
@@ -195,9 +196,10 @@ class PlanKVQuantizer:
     the quantized keys), and `values` counts the calls to know which half of the cache heads it holds.
     Counts the (position, KV head) pairs it quantized and their bits, for `measured_bits`."""
 
-    def __init__(self, layer: LayerPlan, halves: bool, causal: bool = True, group_size: int | None = None) -> None:
-        self.causal = causal  # each row (token, KV head) on its own scale, as `quant.kv_cache` writes it; else KIVI's
+    def __init__(self, layer: LayerPlan, halves: bool, causal: bool = True, group_size: int | None = None, layout: KVLayout | None = None) -> None:
+        self.causal = causal  # each row (token, KV head) on its own scale, as the `token` layout writes it; else KIVI's
         self.group_size = group_size
+        self.layout = layout  # a cache layout (`quant.kv_layout`): the cache's own quantizers, kept positions out of key scales
         self.bits = layer.kv_bits
         self.keep = torch.tensor(sorted(set(layer.keep_positions)), dtype=torch.long)
         self.halves = halves
@@ -223,7 +225,10 @@ class PlanKVQuantizer:
         self._check_heads(heads, "keys")
         kept = self._kept_positions(length, key.device)
         quantized = valid if kept is None else kept.logical_not() if valid is None else valid & ~kept
-        if self.causal:
+        if self.layout is not None:
+            flags = None if kept is None else kept.view(length)
+            out = _by_bits(key, self.bits, lambda x, b: fake_quantize(x, b, self.layout, keys=True, kept=flags))
+        elif self.causal:
             out = _by_bits(key, self.bits, lambda x, b: rowwise_absmax_quantize(x, b, self.group_size).dequant)
         else:
             out = _by_bits(key, self.bits, lambda x, b: fake_quantize_with_absmax(x, absmax(x, PerColumn(), mask=quantized, batch_dims=2), b))
@@ -245,7 +250,9 @@ class PlanKVQuantizer:
             bits = tuple(self.bits[j % half + self._value_calls * half] for j in range(heads))
             self._value_calls += 1
         kept = self._kept if self._kept is not None and self._kept.shape[2] == length else self._kept_positions(length, value.device)
-        if self.causal:
+        if self.layout is not None:
+            out = _by_bits(value, bits, lambda x, b: fake_quantize(x, b, self.layout, keys=False))
+        elif self.causal:
             out = _by_bits(value, bits, lambda x, b: rowwise_absmax_quantize(x, b, self.group_size).dequant)
         else:
             out = _by_bits(value, bits, lambda x, b: fake_quantize_with_absmax(x, absmax(x, PerRow()), b))
@@ -263,14 +270,16 @@ def _by_bits(x: torch.Tensor, bits: tuple[int, ...], quantize) -> torch.Tensor:
     return out
 
 
-def plan_quantizers(model: nn.Module, plan: KVPlan, causal: bool = True, group_size: int | None = None) -> list[PlanKVQuantizer]:
+def plan_quantizers(model: nn.Module, plan: KVPlan, causal: bool = True, group_size: int | None = None,
+                    layout: KVLayout | None = None) -> list[PlanKVQuantizer]:
     """One quantizer per attention tap, in layer order; the plan checked against the model first. `causal`: rows
-    (token, KV head) quantized on their own (the default), else KIVI over the sequence (granularity tensor)."""
+    (token, KV head) quantized on their own (the default), else KIVI over the sequence (granularity tensor);
+    `layout`: a cache layout's own quantizers instead (`quant.kv_layout`)."""
     check_plan_fits(plan, model.config, structure.model_label(model))
     taps = attention.taps(model)
     if len(taps) != len(plan.layers):
         raise ConfigError(f"kv plan: {structure.model_label(model)} has attention in {len(taps)} layers, the plan covers {len(plan.layers)}")
-    return [PlanKVQuantizer(layer, tap.pairing == "halves", causal, group_size) for tap, layer in zip(taps, plan.layers)]
+    return [PlanKVQuantizer(layer, tap.pairing == "halves", causal, group_size, layout) for tap, layer in zip(taps, plan.layers)]
 
 
 def measured_bits(model: nn.Module) -> float | None:

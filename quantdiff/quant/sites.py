@@ -36,6 +36,8 @@ from quantdiff.quant.numerics import (
     tokenwise_vectorwise_quantize,
     vectorwise_quantize,
 )
+from quantdiff.quant import kv_layout
+from quantdiff.quant.kv_layout import KVLayout
 from quantdiff.quant.kv_plan import KVPlan, plan_quantizers
 from quantdiff.quant.registry import DEFAULT_GRANULARITY, granularity_name, is_causal, method_name, parse_bit_width, site_name
 from quantdiff.quant.registry import granularity as _granularity
@@ -134,19 +136,28 @@ class KVSite:
     """The keys and values attention reads, after RoPE, as a KV cache holds them. Absmax only, at any 2–16 bits.
     At the default granularity (row, causal) each token is quantized as it is written: keys and values one scale
     per token and KV head over the head's channels, or per `group_size` channels of it (vLLM's per-token-head
-    INT8 KV, llama.cpp's q8_0/q4_0 blocks of 32); `quantdiff.kv_cache` stores exactly these codes.
+    INT8 KV and llama.cpp's q8_0/q4_0 blocks of 32 approximately: their exact codes are the `q8_0` and `q4_0`
+    layouts); `quantdiff.kv_cache(..., layout="token")` stores exactly these codes.
     At granularity tensor (the former default, not causal) KIVI's scheme over the whole sequence (Liu et al.
     2024, §3): keys per channel (one scale per sequence, KV head and channel, over the sequence's tokens), values
     per token; KIVI's token groups and full-precision window of recent tokens are left out.
     `plan`: per-layer, per-KV-head bits and positions kept at 16 bits (`quant.kv_plan`); the method's bits are
-    then the plan's budget."""
+    then the plan's budget.
+    `layout`: a cache layout (`quant.kv_layout`, e.g. KIVI's, `quantdiff.kv_cache`'s default) quantized with the
+    cache's own functions: every complete block as the cache holds it once the sequence is written, the trailing
+    incomplete block in float. Not causal within a block unless the layout is (per token, no residual)."""
 
     plan: KVPlan | None = None
     group_size: int | None = None
+    layout: KVLayout | None = None
 
     def __post_init__(self) -> None:
         if self.group_size is not None:
             check_group_size(self.group_size)
+        if self.layout is not None and not isinstance(self.layout, KVLayout):
+            raise ConfigError(f"a kv site's layout must be a KVLayout (quantdiff.quant.kv_layout), got {type(self.layout).__name__}")
+        if self.layout is not None and self.group_size is not None:
+            raise ConfigError("a kv layout carries its own group size: give it there, not as the site's group_size")
 
 
 Site = LogitsSite | QKSite | LinearSite | KVSite
@@ -185,9 +196,10 @@ def _site_to_dict(site: Site) -> dict:
             raise ConfigError("a linear site with a custom module filter cannot be serialised")
         transform = {} if site.transform is None else {"transform": site.transform.to_dict()}
         return {"name": "linear", "include_lm_head": site.include_lm_head, "weights": site.weights, "inputs": site.inputs, **transform}
-    if isinstance(site, KVSite) and (site.plan is not None or site.group_size is not None):
+    if isinstance(site, KVSite) and (site.plan is not None or site.group_size is not None or site.layout is not None):
         grouped = {} if site.group_size is None else {"group_size": site.group_size}
-        return {"name": "kv", **({} if site.plan is None else {"plan": site.plan.to_dict()}), **grouped}
+        laid = {} if site.layout is None else {"layout": site.layout.to_dict()}
+        return {"name": "kv", **({} if site.plan is None else {"plan": site.plan.to_dict()}), **grouped, **laid}
     return {"name": next(name for name, site_type in SITE_TYPES.items() if isinstance(site, site_type))}
 
 
@@ -215,6 +227,8 @@ def _site_from_dict(data: object) -> Site:
         fields["transform"] = transform_from_dict(fields["transform"])
     if name == "kv" and fields.get("plan") is not None:
         fields["plan"] = KVPlan.from_dict(fields["plan"])
+    if name == "kv" and fields.get("layout") is not None:
+        fields["layout"] = KVLayout.from_dict(fields["layout"])
     try:
         return SITE_TYPES[name](**fields)
     except TypeError as exc:
@@ -230,6 +244,7 @@ def parse_config(
     include_lm_head: bool = False,
     group_size: int | None = None,
     transform: Transform | None = None,
+    kv_layout: str | None = None,
 ) -> QuantConfig:
     """Names to config types (the CLI's and the API's way in). Raises ConfigError with a one-line message.
 
@@ -237,13 +252,17 @@ def parse_config(
     sequence, not causal: the former default) or "column" (per channel over the sequence, not causal).
     group_size: absmax weights in groups of that many inputs per output channel (site linear), or the KV cache's
     rows in groups of that many channels (site kv, granularity row).
-    transform: a Hadamard rotation or SmoothQuant smoothing before quantizing (site linear only)."""
+    transform: a Hadamard rotation or SmoothQuant smoothing before quantizing (site linear only).
+    kv_layout: a KV-cache layout by name (`quant.kv_layout.LAYOUTS`: "kivi", "token", "q8_0", "q4_0"; site kv
+    only), quantized with `quantdiff.kv_cache`'s own functions; group_size then sets the layout's groups."""
     bits = parse_bit_width(bits)
     _refuse_ignored(method_name(method), site_name(site), threshold, include_lm_head)
     if transform is not None and not isinstance(transform, get_args(Transform)):  # a name is not a transform
         raise ConfigError(f"transform must be None, a HadamardRotation or a Smoothing (quantdiff.HadamardRotation()), got {transform!r}")
     if group_size is not None and site_name(site) not in ("linear", "kv"):
         raise ConfigError(f"a group size sets how the linear site's weights or the kv site's rows are quantized, not site {site!r}")
+    if kv_layout is not None and site_name(site) != "kv":
+        raise ConfigError(f"a kv layout sets how the kv site quantizes the cache, not site {site!r}")
     kv_groups = group_size if site_name(site) == "kv" else None
     if kv_groups is not None:
         group_size = None  # the cache's rows are grouped, not any weight
@@ -259,10 +278,16 @@ def parse_config(
     if site_type is LinearSite:
         site_cfg: Site = site_type(include_lm_head=include_lm_head, transform=transform)
     else:
-        site_cfg = KVSite(group_size=kv_groups) if site_type is KVSite else site_type()
+        site_cfg = _kv_site(kv_groups, kv_layout) if site_type is KVSite else site_type()
     config = QuantConfig(method_cfg, site_cfg)
     check_supported(config)
     return config
+
+
+def _kv_site(group_size: int | None, layout: str | None) -> KVSite:
+    if layout is None:
+        return KVSite(group_size=group_size)
+    return KVSite(layout=kv_layout.layout_named(layout, group_size=group_size))
 
 
 def _refuse_ignored(method: str, site: str, threshold: object, include_lm_head: object) -> None:
@@ -335,20 +360,27 @@ class LLMInt8QKQuantizer:
 @dataclass(frozen=True)
 class KVQuantizer:
     """A tap's K/V quantizer (`KVSite`); K (B, Hkv, S, D) and V (B, Hkv, S, Dv) in the layout the KV cache holds.
-    Causal (the default): every row, one token of one KV head, on its own scale(s), as `kv_cache` writes it;
+    Causal (the default): every row, one token of one KV head, on its own scale(s), as `kv_cache`'s `token` layout
+    writes it;
     otherwise KIVI over the sequence (keys per channel, values per token)."""
 
     bits: int
     causal: bool = True
     group_size: int | None = None
+    layout: KVLayout | None = None  # a cache layout: its own quantizers (`kv_layout.fake_quantize`), as the cache stores
 
     def keys(self, key: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-        """valid (B, 1, S, 1) bool: the key positions some query may attend to (padding is not in a sequence's cache)."""
+        """valid (B, 1, S, 1) bool: the key positions some query may attend to (padding is not in a sequence's cache;
+        a layout's blocks, as the cache's, do not know it)."""
+        if self.layout is not None:
+            return kv_layout.fake_quantize(key, self.bits, self.layout, keys=True)
         if self.causal:
             return rowwise_absmax_quantize(key, self.bits, self.group_size).dequant
         return fake_quantize_with_absmax(key, absmax(key, PerColumn(), mask=valid, batch_dims=2), self.bits)
 
     def values(self, value: torch.Tensor) -> torch.Tensor:
+        if self.layout is not None:
+            return kv_layout.fake_quantize(value, self.bits, self.layout, keys=False)
         if self.causal:
             return rowwise_absmax_quantize(value, self.bits, self.group_size).dequant
         return fake_quantize_with_absmax(value, absmax(value, PerRow()), self.bits)
@@ -356,6 +388,8 @@ class KVQuantizer:
 
 def causal(config: QuantConfig | None) -> bool:
     """True when the configuration never lets a later token change an earlier token's quantization."""
+    if config is not None and isinstance(config.site, KVSite) and config.site.layout is not None:
+        return config.site.layout.causal
     return config is None or is_causal(config.method.granularity)
 
 
@@ -408,6 +442,10 @@ def check_supported(config: QuantConfig) -> None:
             raise ConfigError("site kv is absmax (per token and KV head, or KIVI's per sequence); llm-int8 is not defined there")
         if isinstance(config.method.granularity, PerColumn):
             raise ConfigError("site kv is quantized per token and KV head (granularity row) or as KIVI over the sequence (tensor), not per column")
+        if config.site.layout is not None and not is_causal(config.method.granularity):
+            raise ConfigError("a kv layout sets its own scales: it needs granularity row, not tensor")
+        if config.site.layout is not None:
+            config.site.layout.check_bits(config.method.bits)
         if config.site.group_size is not None and not is_causal(config.method.granularity):
             raise ConfigError("a kv group size splits each token's row into groups: it needs granularity row, not tensor")
         if config.site.plan is not None and config.method.bits != config.site.plan.budget_bits:
@@ -460,9 +498,10 @@ def _apply_qk(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
 def _apply_kv(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
     causal = is_causal(config.method.granularity)
     if config.site.plan is None:
-        _set_on_taps(model, "kv_quantizer", KVQuantizer(config.method.bits, causal, config.site.group_size), undo)
+        _set_on_taps(model, "kv_quantizer", KVQuantizer(config.method.bits, causal, config.site.group_size, config.site.layout), undo)
         return
-    for tap, quantizer in zip(_model_taps(model), plan_quantizers(model, config.site.plan, causal, config.site.group_size)):
+    quantizers = plan_quantizers(model, config.site.plan, causal, config.site.group_size, config.site.layout)
+    for tap, quantizer in zip(_model_taps(model), quantizers):
         if tap.kv_quantizer is not None:
             raise _occupied(model, tap, "kv_quantizer")
         tap.kv_quantizer = quantizer

@@ -18,8 +18,8 @@
 # one novel of the corpus, 1-layer stand-ins of the real architectures on 1 × 32 tokens, one repeat per timing,
 # no compile); tests/test_gpu_run.py runs it so.
 #
-# Carried (.whl, ignored by git, named in `carry`; the working tree plus carried paths may be 64 MiB at most, and
-# --pack refuses to leave more):
+# Carried (.whl, ignored by git, named in `carry`; the working tree plus carried paths may be 64 MiB at most; --pack
+# prints what would travel and refuses above 60 MiB):
 # - bitsandbytes 0.50.2, repacked with only its CPU and CUDA 13.0 libraries (torch there is 2.11+cu130; all its
 #   libraries make a 43 MB wheel, over the limit with the tree's ~38 MB): the CUDA kernels quant_bench compares
 #   against; and tests/test_bnb_agreement.py imports it, so without it collecting the suite for -m cuda errs.
@@ -104,9 +104,10 @@ shutil.copyfile(rdata, target)
 files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True, check=True).stdout.split(b"\0")
 tree = sum(os.path.getsize(f) for f in files if f and os.path.isfile(f))
 carried = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(".whl") for f in fs)
-print(f"working tree {tree / 2**20:.1f} MiB + .whl {carried / 2**20:.1f} MiB = {(tree + carried) / 2**20:.1f} MiB (limit 64 MiB)")
-if tree + carried > 64 * 2**20:
-    sys.exit("error: over the device tool's 64 MiB: carry less")
+# 60 MiB, 4 below the device tool's 64: room for what is committed between --pack and the call.
+print(f"would travel: working tree {tree / 2**20:.1f} MiB + .whl {carried / 2**20:.1f} MiB = {(tree + carried) / 2**20:.1f} MiB (limit 60 MiB)")
+if tree + carried > 60 * 2**20:
+    sys.exit("error: over 60 MiB (the device tool carries at most 64 MiB): carry less")
 EOF
 }
 if [ "$pack" = 1 ]; then pack; exit 0; fi

@@ -8,7 +8,8 @@
 # (logs, train logs, the whole report; no weights): 4 files, flat, each far under 16 MiB.
 #
 #   bash scripts/gpu_run.sh [--smoke] [--out DIR] [--work DIR] [--recipe FILE]
-#   bash scripts/gpu_run.sh --pack        # here, with network: fill .whl (below) and check the size limit
+#   bash scripts/gpu_run.sh --pack [--recipe FILE]  # here, with network: fill .whl (below; the recipe's corpora too)
+#                                                    # and check the size limit
 #
 # On the device tool: run(command="bash scripts/gpu_run.sh", carry=[".whl"], timeout_s=560). The script keeps to
 # BUDGET_S (540 s) itself; the 20 s left are its margin. Cut off, call it again on the same warm machine:
@@ -43,17 +44,19 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 2
 die() { echo "error: $*" >&2; exit 2; }
 
-mode=gpu out=${OUT:-} work= recipe=recipes/gpu.toml pack=0
+mode=gpu out=${OUT:-} work= recipe=recipes/gpu.toml pack=0 models=0 benchmarks=1
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) mode=smoke ;;
     --pack) pack=1 ;;
+    --models) models=1 ;;
+    --skip-benchmarks) benchmarks=0 ;;
     --out|--work|--recipe)
       [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"
       case $1 in --out) out=$2 ;; --work) work=$2 ;; --recipe) recipe=$2 ;; esac
       shift ;;
     -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (usage: bash scripts/gpu_run.sh [--smoke] [--out DIR] [--work DIR] [--recipe FILE] | --pack)" ;;
+    *) die "unknown argument '$1' (usage: bash scripts/gpu_run.sh [--smoke] [--out DIR] [--work DIR] [--recipe FILE] [--models] [--skip-benchmarks] | --pack [--recipe FILE])" ;;
   esac
   shift
 done
@@ -79,9 +82,10 @@ pack() {
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${specs[@]}" \
     || die "pip download ${specs[*]} failed"
-  "$PY" - <<'EOF' || exit 2
-import glob, os, shutil, subprocess, sys, zipfile
-from quantdiff.data.corpus import RDATA, find_rdata
+  "$PY" - "$recipe" <<'EOF' || exit 2
+import glob, os, shutil, subprocess, sys, tomllib, zipfile
+from quantdiff.data import debian
+from quantdiff.data.corpus import SOURCES, SYSTEM_ROOT
 
 KEEP = ("libbitsandbytes_cpu.so", "libbitsandbytes_cuda130.so")
 for wheel in glob.glob(".whl/bitsandbytes-*.whl"):
@@ -95,12 +99,19 @@ for wheel in glob.glob(".whl/bitsandbytes-*.whl"):
                 data = b"".join(l for l in data.splitlines(True) if l.split(b",")[0].decode() not in dropped)
             dst.writestr(info, data)
     os.replace(wheel + ".tmp", wheel)
-rdata = find_rdata()
-if rdata is None:
-    sys.exit("error: the Austen corpus is not installed here: python -m quantdiff.data.corpus --install")
-target = os.path.join(".whl", "corpus", "janeaustenr", RDATA)
-os.makedirs(os.path.dirname(target), exist_ok=True)
-shutil.copyfile(rdata, target)
+# Austen always (the preflight and the real-model step read it), and every text corpus the recipe mixes: only the
+# file or module each corpus reads (corpus.SOURCES), not its whole package.
+data = tomllib.load(open(sys.argv[1], "rb")).get("data", {})
+for name in dict.fromkeys(["janeaustenr", *(data.get("corpora") or [data.get("corpus", "janeaustenr")])]):
+    if name not in SOURCES:
+        continue  # bigram-backcopy: generated on the device
+    source = debian.find_installed(name, SOURCES[name].path, SYSTEM_ROOT)
+    if source is None:
+        sys.exit(f"error: corpus {name} is not installed here: python -m quantdiff.data.corpus --install --corpus {name}")
+    target = os.path.join(".whl", "corpus", name, SOURCES[name].path)
+    shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    (shutil.copytree if source.is_dir() else shutil.copyfile)(source, target)
 files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True, check=True).stdout.split(b"\0")
 tree = sum(os.path.getsize(f) for f in files if f and os.path.isfile(f))
 carried = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(".whl") for f in fs)
@@ -125,16 +136,26 @@ if [ "$mode" = gpu ]; then
   STATS_BENCH=(--device cuda --sections 124)
   REAL_BENCH=(--device cuda --sections 6 --arch-size 4x1024 --repeats 5)
   QUANT_BENCH=(--device cuda)
-  TRAIN_BENCH=(--device cuda --no-bf16 --hidden 384 --layers 6 --heads 6 --vocab 4096 --seq 512 --batch 32)  # gpu.toml's size and precision
+  # The recipe's size and precision (its dtype, compile and fused AdamW): each kind's tokens/s and MFU side by side.
+  read -ra TRAIN_BENCH < <("$PY" -c 'import sys, tomllib; r = tomllib.load(open(sys.argv[1], "rb")); m, t = r["model"], r["train"]
+print(f"--device cuda --hidden {m[\"hidden_size\"]} --layers {m[\"num_layers\"]} --heads {m[\"num_heads\"]} --vocab {m[\"vocab_size\"]}",
+      f"--seq {t[\"seq_len\"]} --batch {t[\"batch_size\"]}", "--bf16" if t.get("dtype") == "bf16" else "--no-bf16",
+      "--compile" if t.get("compile") else "", "--fused-adamw" if t.get("fused_adamw") else "")' "$recipe")
 else
   # Caps a loaded 2-core machine never reaches: the smoke checks the steps, not this machine's speed.
   work=${work:-runs/gpu-smoke} device=cpu BUDGET_S=3600 TRAIN_S=2 RESERVE_S=40 PROBE_STEPS=2 MIN_STEPS=4 MAX_STEPS=8
   TEST_CAP=900 BENCH_CAP=900 REAL_CAP=900 ITEMS=8 TESTS=(tests/test_cuda.py)  # collecting the whole suite takes ~30 s on 2 cores
-  SETS=(model.hidden_size=32 model.num_layers=1 model.num_heads=2 model.vocab_size=300 model.max_position_embeddings=128
-        train.batch_size=4 train.seq_len=128 train.dtype=float32 train.device=cpu train.warmup_steps=2 train.eval_batches=1
-        train.outlier_sequences=2 data.retrieval_max_needles=1 tasks.lm_tokens=1024 tasks.choice_items=8
-        "tasks.retrieval_contexts=[128]" "tasks.retrieval_needles=[1]" tasks.retrieval_examples=4
+  # float32, nothing compiled: training refuses bf16 on a CPU (tests/test_gpu_regime.py checks bf16's combine on one)
+  SETS=(model.hidden_size=32 model.num_layers=1 model.num_heads=2 model.max_position_embeddings=128
+        train.batch_size=4 train.seq_len=128 train.dtype=float32 train.compile=false train.device=cpu train.warmup_steps=2
+        train.eval_batches=1 train.outlier_sequences=2 tasks.lm_tokens=1024
         analysis.stats_tokens=1024 analysis.seq_len=128 "analysis.bits=[8, 4]" "analysis.methods=['absmax']" "analysis.sites=['logits', 'linear']")
+  if grep -q '^corpus = "bigram-backcopy"' "$recipe"; then  # its own vocabulary, no text tasks
+    SETS+=(tasks.bb_sequences=8)
+  else
+    SETS+=(model.vocab_size=300 data.retrieval_max_needles=1 tasks.choice_items=8 "tasks.retrieval_contexts=[128]"
+           "tasks.retrieval_needles=[1]" tasks.retrieval_examples=4)
+  fi
   STATS_BENCH=(--device cpu --hidden 32 --layers 1 --heads 2 --seq-len 64 --batch 1 --tile 32 --repeats 1 --observer-tensors 1 --sections 124)
   REAL_BENCH=(--device cpu --sections 6 --arch-size 1x32 --arch-layers 1 --arch-vocab 300 --tile 32 --repeats 1)
   QUANT_BENCH=(--device cpu --hidden 32 --layers 1 --heads 2 --batch 1 --seq 64 --tile 32 --features 64 --repeats 1)
@@ -158,9 +179,9 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 
 publish() {  # after every step, so that a call cut off still returns what it did; each file written, then renamed
-  "$PY" - "$mode" "$recipe" "$work" "$out" "$calls" "$SECONDS" "$BUDGET_S" <<'EOF'
+  "$PY" - "$mode" "$recipe" "$work" "$out" "$calls" "$SECONDS" "$BUDGET_S" "$models" <<'EOF'
 import json, os, sys, tarfile
-mode, recipe, work, out, calls, wall, budget = sys.argv[1:]
+mode, recipe, work, out, calls, wall, budget, models = sys.argv[1:]
 load = lambda name: json.load(open(os.path.join(work, name))) if os.path.exists(os.path.join(work, name)) else None
 steps = []
 if os.path.exists(os.path.join(work, "steps.tsv")):
@@ -192,6 +213,21 @@ def tar(tmp):
             for name in ("train_log.json", "recipe.toml"):
                 archive.add(os.path.join(arm["path"], name), os.path.join("train", arm["arm"], name))
 write("results.tar.gz", tar)
+
+def weights(path, arm):
+    def fill(tmp):
+        with tarfile.open(tmp, "w:gz") as archive:
+            archive.add(path, arm)
+    return fill
+
+for arm in (train["runs"] if train and models == "1" else []):  # --models: each arm's model, one file each
+    name = f"model-{arm['arm']}.tar.gz"
+    if os.path.exists(os.path.join(out, name)):
+        continue  # written once training finished: the weights do not change after
+    write(name, weights(arm["path"], arm["arm"]))
+    if os.path.getsize(os.path.join(out, name)) > 16 * 2**20:
+        os.remove(os.path.join(out, name))
+        print(f"warning: {name} is over the 16 MiB a file may hold to come back; it stays in {arm['path']}", file=sys.stderr)
 for name in os.listdir(out):
     if os.path.getsize(os.path.join(out, name)) > 16 * 2**20:
         print(f"warning: {name} is over the 16 MiB that come back from $OUT", file=sys.stderr)
@@ -288,10 +324,14 @@ fi
 publish
 
 # Every test marked cuda (pyproject's markers); collection errors (a package not carried) fail the step, not the run.
-step cuda-tests "$TEST_CAP" "$PY" -m pytest -m cuda -q -rs -p no:cacheprovider --continue-on-collection-errors "${TESTS[@]}"
-step bench-stats "$BENCH_CAP" "$PY" benchmarks/stats_bench.py "${STATS_BENCH[@]}"
+# --skip-benchmarks leaves out what an earlier call measured (results/gpu), for the training's minutes; the
+# real-model step and the training benchmark always run.
+if [ "$benchmarks" = 1 ]; then
+  step cuda-tests "$TEST_CAP" "$PY" -m pytest -m cuda -q -rs -p no:cacheprovider --continue-on-collection-errors "${TESTS[@]}"
+  step bench-stats "$BENCH_CAP" "$PY" benchmarks/stats_bench.py "${STATS_BENCH[@]}"
+  step bench-quant "$BENCH_CAP" "$PY" benchmarks/quant_bench.py "${QUANT_BENCH[@]}"
+fi
 step bench-real "$REAL_CAP" "$PY" benchmarks/stats_bench.py "${REAL_BENCH[@]}"
-step bench-quant "$BENCH_CAP" "$PY" benchmarks/quant_bench.py "${QUANT_BENCH[@]}"
 step bench-train "$BENCH_CAP" "$PY" benchmarks/train_bench.py "${TRAIN_BENCH[@]}"
 
 # A step's time: the probe trains PROBE_STEPS steps (one eval, one checkpoint) of the same recipe, data, tokenizer

@@ -78,3 +78,16 @@ def test_the_float32_combine_leaves_float32_outputs_unchanged_and_other_kinds_al
     before = _attention_io(model, "groupnorm", autocast=False)[1]
     assert keep_combine_float32(model) and not keep_combine_float32(_small("standard"))
     assert torch.equal(_attention_io(model, "groupnorm", autocast=False)[1], before)
+
+
+def test_the_bf16_combine_check_trains_every_kind_in_every_precision():
+    """benchmarks/bf16_combine_check.py, the lead's comparison, at a size that takes a second."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bf16_combine_check", REPO / "benchmarks" / "bf16_combine_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    losses = check.main(["--device", "cpu", "--seeds", "0", "--steps", "2", "--hidden", "16", "--seq", "16", "--batch", "4", "--held-out", "4"])
+    assert set(losses) == {("standard", "float32", 0), ("standard", "bf16", 0),
+                           ("diff", "float32", 0), ("diff", "bf16", 0), ("diff", "bf16+float32-combine", 0)}
+    assert all(0 < loss < 10 for loss in losses.values())  # finite, of a loss's size (uniform's is ln 83 = 4.42)

@@ -140,6 +140,7 @@ if [ "$mode" = gpu ]; then
   STATS_BENCH=(--device cuda --sections 124)
   REAL_BENCH=(--device cuda --sections 6 --arch-size 4x1024 --repeats 5)
   QUANT_BENCH=(--device cuda)
+  BF16_CHECK=(--device cuda --seeds 0 1 2 --steps 120)  # the lead's size: bb, 3 seeds, 120 steps
   # The recipe's size and precision (its dtype, compile and fused AdamW): each kind's tokens/s and MFU side by side.
   read -ra TRAIN_BENCH < <("$PY" -c 'import sys, tomllib; r = tomllib.load(open(sys.argv[1], "rb")); m, t = r["model"], r["train"]
 print(f"--device cuda --hidden {m[\"hidden_size\"]} --layers {m[\"num_layers\"]} --heads {m[\"num_heads\"]} --vocab {m[\"vocab_size\"]}",
@@ -163,6 +164,7 @@ else
   STATS_BENCH=(--device cpu --hidden 32 --layers 1 --heads 2 --seq-len 64 --batch 1 --tile 32 --repeats 1 --observer-tensors 1 --sections 124)
   REAL_BENCH=(--device cpu --sections 6 --arch-size 1x32 --arch-layers 1 --arch-vocab 300 --tile 32 --repeats 1)
   QUANT_BENCH=(--device cpu --hidden 32 --layers 1 --heads 2 --batch 1 --seq 64 --tile 32 --features 64 --repeats 1)
+  BF16_CHECK=(--device cpu --seeds 0 --steps 2 --hidden 16 --seq 16 --batch 4 --held-out 4)
   TRAIN_BENCH=(--device cpu --hidden 32 --layers 1 --heads 2 --vocab 300 --seq 32 --batch 2 --repeats 2)
 fi
 set_args=()
@@ -203,7 +205,7 @@ def write(name, fill):
     os.replace(tmp, os.path.join(out, name))
 
 write("summary.json", lambda tmp: open(tmp, "w").write(json.dumps(summary, indent=1) + "\n"))
-benches = [os.path.join(work, "logs", f"bench-{b}.log") for b in ("stats", "real", "quant", "train")]
+benches = [os.path.join(work, "logs", f"bench-{b}.log") for b in ("stats", "real", "quant", "train", "bf16")]
 write("benchmarks.txt", lambda tmp: open(tmp, "w").write("".join(f"# {os.path.basename(b)}\n{open(b).read()}\n" for b in benches if os.path.exists(b))))
 if summary["report"]:
     write("report.md", lambda tmp: open(tmp, "w").write(open(os.path.join(work, "report", "report.md")).read()))
@@ -336,6 +338,8 @@ if [ "$benchmarks" = 1 ]; then
   step bench-quant "$BENCH_CAP" "$PY" benchmarks/quant_bench.py "${QUANT_BENCH[@]}"
 fi
 step bench-real "$REAL_CAP" "$PY" benchmarks/stats_bench.py "${REAL_BENCH[@]}"
+# results/gpu's bf16 lead re-checked: Diff V1 in bf16 with transformers' combine and with the float32 one
+step bench-bf16 "$BENCH_CAP" "$PY" benchmarks/bf16_combine_check.py "${BF16_CHECK[@]}"
 step bench-train "$BENCH_CAP" "$PY" benchmarks/train_bench.py "${TRAIN_BENCH[@]}"
 
 # A step's time: the probe trains PROBE_STEPS steps (one eval, one checkpoint) of the same recipe, data, tokenizer

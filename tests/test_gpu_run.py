@@ -31,7 +31,7 @@ from quantdiff.train.recipe import parse_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_run.sh"
-STEPS = {"cuda-tests", "bench-stats", "bench-real", "bench-quant", "bench-train", "probe", "train", "reproduce"}
+STEPS = {"cuda-tests", "bench-stats", "bench-real", "bench-quant", "bench-train", "bench-bf16", "probe", "train", "reproduce"}
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -71,6 +71,7 @@ def test_smoke_run_returns_its_results_and_a_second_call_skips_what_is_done(tmp_
 
     bench = (out / "benchmarks.txt").read_text()
     assert "stats/eager" in bench and "fake-quant logits int8" in bench and "Diff / standard throughput" in bench
+    assert "# bench-bf16.log" in bench and re.search(r"^diff +bf16\+float32-combine +seed 0: \d", bench, re.M)
     assert "# bench-real.log" in bench and "## 6. stats pass on the built-in models' architectures, stand-in weights" in bench
     for model in ("smollm2", "gemma3"):  # each measured against both plain forwards
         assert re.search(rf"^{model} \(1 layers, d\d+, vocab 300\): eager .* stats .* eager, .* sdpa$", bench, re.M)

@@ -22,6 +22,7 @@ import torch
 from quantdiff.models.pairs import SizePreset, build_pair, parameter_count
 from quantdiff.train.recipe import ArmConfig, TrainConfig
 from quantdiff.train.loop import lm_loss, make_optimizer
+from quantdiff.train.precision import keep_combine_float32
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
 
@@ -52,6 +53,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (default: on CUDA)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models first")
+    parser.add_argument("--float32-combine", action=argparse.BooleanOptionalAction, default=True,
+                        help="Diff's λ, A1 − λ·A2 and head norm in float32 under bf16 (train/precision.py, as training does)")
+    parser.add_argument("--fused-adamw", action="store_true", help="AdamW's fused kernel ([train] fused_adamw)")
     parser.add_argument("--peak-tflops", type=float, default=None)
     cfg = parser.parse_args()
     device = torch.device(cfg.device)
@@ -59,7 +63,9 @@ def main() -> None:
 
     preset = SizePreset(cfg.hidden, cfg.layers, cfg.heads, None, None, cfg.vocab, cfg.seq)
     models = {kind: model.to(device).train() for kind, model in build_pair(preset, attn_implementation="sdpa").items()}
-    optimizers = {kind: make_optimizer(model, TrainConfig(), ArmConfig(kind, kind))[0] for kind, model in models.items()}
+    if bf16 and cfg.float32_combine:
+        keep_combine_float32(models["diff"])
+    optimizers = {kind: make_optimizer(model, TrainConfig(fused_adamw=cfg.fused_adamw), ArmConfig(kind, kind))[0] for kind, model in models.items()}
     runners = {kind: torch.compile(model) if cfg.compile else model for kind, model in models.items()}
     batch = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq + 1), generator=torch.Generator().manual_seed(0)).to(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -84,7 +90,7 @@ def main() -> None:
 
     tokens = cfg.batch * cfg.seq
     print(f"device {device}{' (' + torch.cuda.get_device_name() + ')' if device.type == 'cuda' else ''}, threads {torch.get_num_threads()}, "
-          f"bf16 {bf16}, compile {cfg.compile}; d{cfg.hidden} L{cfg.layers} H{cfg.heads} V{cfg.vocab}, batch {cfg.batch} × seq {cfg.seq}")
+          f"bf16 {bf16} (float32 combine {bf16 and cfg.float32_combine}), compile {cfg.compile}, fused AdamW {cfg.fused_adamw}; d{cfg.hidden} L{cfg.layers} H{cfg.heads} V{cfg.vocab}, batch {cfg.batch} × seq {cfg.seq}")
     speed = {}
     peak = peak_tflops(cfg.peak_tflops) if device.type == "cuda" and bf16 else None  # the table's peaks are bf16's
     for kind, model in models.items():

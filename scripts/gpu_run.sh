@@ -5,10 +5,14 @@
 # forward, uncompiled and compiled), the three arms of recipes/gpu.toml (standard, Diff V1, DIFF V2; the authors'
 # init, float32) trained on Austen for the steps that fit (a short probe times a step first), and `quantdiff
 # reproduce` on them. Results go to $OUT (or --out): summary.json, report.md, benchmarks.txt and results.tar.gz
-# (logs, train logs, the whole report; no weights): 4 files, flat, each far under 16 MiB.
+# (logs, train logs, the whole report; no weights): 4 files, flat, each far under 16 MiB; --models adds each arm's
+# model as model-<arm>.tar.gz (left out, with a warning, above 16 MiB). --recipe trains another recipe (issue 58:
+# recipes/gpu-regime-bb.toml, with --models --skip-benchmarks; docs/gpu.md gives the call); --skip-benchmarks
+# leaves out the CUDA tests and the stats and quantization benchmarks, and gives training 360 s instead of 300.
 #
-#   bash scripts/gpu_run.sh [--smoke] [--out DIR] [--work DIR] [--recipe FILE]
-#   bash scripts/gpu_run.sh --pack        # here, with network: fill .whl (below) and check the size limit
+#   bash scripts/gpu_run.sh [--smoke] [--out DIR] [--work DIR] [--recipe FILE] [--models] [--skip-benchmarks]
+#   bash scripts/gpu_run.sh --pack [--recipe FILE]  # here, with network: fill .whl (below; the recipe's corpora too)
+#                                                    # and check the size limit
 #
 # On the device tool: run(command="bash scripts/gpu_run.sh", carry=[".whl"], timeout_s=560). The script keeps to
 # BUDGET_S (540 s) itself; the 20 s left are its margin. Cut off, call it again on the same warm machine:
@@ -18,8 +22,8 @@
 # one novel of the corpus, 1-layer stand-ins of the real architectures on 1 × 32 tokens, one repeat per timing,
 # no compile); tests/test_gpu_run.py runs it so.
 #
-# Carried (.whl, ignored by git, named in `carry`; the working tree plus carried paths may be 64 MiB at most, and
-# --pack refuses to leave more):
+# Carried (.whl, ignored by git, named in `carry`; the working tree plus carried paths may be 64 MiB at most; --pack
+# prints what would travel and refuses above 60 MiB):
 # - bitsandbytes 0.50.2, repacked with only its CPU and CUDA 13.0 libraries (torch there is 2.11+cu130; all its
 #   libraries make a 43 MB wheel, over the limit with the tree's ~38 MB): the CUDA kernels quant_bench compares
 #   against; and tests/test_bnb_agreement.py imports it, so without it collecting the suite for -m cuda errs.
@@ -43,17 +47,19 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 2
 die() { echo "error: $*" >&2; exit 2; }
 
-mode=gpu out=${OUT:-} work= recipe=recipes/gpu.toml pack=0
+mode=gpu out=${OUT:-} work= recipe=recipes/gpu.toml pack=0 models=0 benchmarks=1
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) mode=smoke ;;
     --pack) pack=1 ;;
+    --models) models=1 ;;
+    --skip-benchmarks) benchmarks=0 ;;
     --out|--work|--recipe)
       [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"
       case $1 in --out) out=$2 ;; --work) work=$2 ;; --recipe) recipe=$2 ;; esac
       shift ;;
     -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (usage: bash scripts/gpu_run.sh [--smoke] [--out DIR] [--work DIR] [--recipe FILE] | --pack)" ;;
+    *) die "unknown argument '$1' (usage: bash scripts/gpu_run.sh [--smoke] [--out DIR] [--work DIR] [--recipe FILE] [--models] [--skip-benchmarks] | --pack [--recipe FILE])" ;;
   esac
   shift
 done
@@ -79,9 +85,10 @@ pack() {
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${specs[@]}" \
     || die "pip download ${specs[*]} failed"
-  "$PY" - <<'EOF' || exit 2
-import glob, os, shutil, subprocess, sys, zipfile
-from quantdiff.data.corpus import RDATA, find_rdata
+  "$PY" - "$recipe" <<'EOF' || exit 2
+import glob, os, shutil, subprocess, sys, tomllib, zipfile
+from quantdiff.data import debian
+from quantdiff.data.corpus import SOURCES, SYSTEM_ROOT
 
 KEEP = ("libbitsandbytes_cpu.so", "libbitsandbytes_cuda130.so")
 for wheel in glob.glob(".whl/bitsandbytes-*.whl"):
@@ -95,18 +102,26 @@ for wheel in glob.glob(".whl/bitsandbytes-*.whl"):
                 data = b"".join(l for l in data.splitlines(True) if l.split(b",")[0].decode() not in dropped)
             dst.writestr(info, data)
     os.replace(wheel + ".tmp", wheel)
-rdata = find_rdata()
-if rdata is None:
-    sys.exit("error: the Austen corpus is not installed here: python -m quantdiff.data.corpus --install")
-target = os.path.join(".whl", "corpus", "janeaustenr", RDATA)
-os.makedirs(os.path.dirname(target), exist_ok=True)
-shutil.copyfile(rdata, target)
+# Austen always (the preflight and the real-model step read it), and every text corpus the recipe mixes: only the
+# file or module each corpus reads (corpus.SOURCES), not its whole package.
+data = tomllib.load(open(sys.argv[1], "rb")).get("data", {})
+for name in dict.fromkeys(["janeaustenr", *(data.get("corpora") or [data.get("corpus", "janeaustenr")])]):
+    if name not in SOURCES:
+        continue  # bigram-backcopy: generated on the device
+    source = debian.find_installed(name, SOURCES[name].path, SYSTEM_ROOT)
+    if source is None:
+        sys.exit(f"error: corpus {name} is not installed here: python -m quantdiff.data.corpus --install --corpus {name}")
+    target = os.path.join(".whl", "corpus", name, SOURCES[name].path)
+    shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    (shutil.copytree if source.is_dir() else shutil.copyfile)(source, target)
 files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True, check=True).stdout.split(b"\0")
 tree = sum(os.path.getsize(f) for f in files if f and os.path.isfile(f))
 carried = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(".whl") for f in fs)
-print(f"working tree {tree / 2**20:.1f} MiB + .whl {carried / 2**20:.1f} MiB = {(tree + carried) / 2**20:.1f} MiB (limit 64 MiB)")
-if tree + carried > 64 * 2**20:
-    sys.exit("error: over the device tool's 64 MiB: carry less")
+# 60 MiB, 4 below the device tool's 64: room for what is committed between --pack and the call.
+print(f"would travel: working tree {tree / 2**20:.1f} MiB + .whl {carried / 2**20:.1f} MiB = {(tree + carried) / 2**20:.1f} MiB (limit 60 MiB)")
+if tree + carried > 60 * 2**20:
+    sys.exit("error: over 60 MiB (the device tool carries at most 64 MiB): carry less")
 EOF
 }
 if [ "$pack" = 1 ]; then pack; exit 0; fi
@@ -119,24 +134,37 @@ if [ "$mode" = gpu ]; then
   # step where training then took 0.27 s, so it trained half the steps its budget held.
   work=${work:-runs/gpu-run} device=cuda BUDGET_S=540 TRAIN_S=300 RESERVE_S=120 PROBE_STEPS=40 MIN_STEPS=200 MAX_STEPS=
   TEST_CAP=90 BENCH_CAP=60 REAL_CAP=150 ITEMS=64 SETS=() TESTS=(tests)
+  [ "$benchmarks" = 1 ] || TRAIN_S=360  # the minute the skipped steps leave goes to training
   # Section 3 (peak memory, a fresh process per case) is left out: it ran past its cap on the H200 and its CUDA
   # figures exist (BENCHMARKS.md, H100).
   STATS_BENCH=(--device cuda --sections 124)
   REAL_BENCH=(--device cuda --sections 6 --arch-size 4x1024 --repeats 5)
   QUANT_BENCH=(--device cuda)
-  TRAIN_BENCH=(--device cuda --no-bf16 --hidden 384 --layers 6 --heads 6 --vocab 4096 --seq 512 --batch 32)  # gpu.toml's size and precision
+  BF16_CHECK=(--device cuda --seeds 0 1 2 --steps 120)  # the lead's size: bb, 3 seeds, 120 steps
+  # The recipe's size and precision (its dtype, compile and fused AdamW): each kind's tokens/s and MFU side by side.
+  read -ra TRAIN_BENCH < <("$PY" -c 'import sys, tomllib; r = tomllib.load(open(sys.argv[1], "rb")); m, t = r["model"], r["train"]
+print(f"--device cuda --hidden {m[\"hidden_size\"]} --layers {m[\"num_layers\"]} --heads {m[\"num_heads\"]} --vocab {m[\"vocab_size\"]}",
+      f"--seq {t[\"seq_len\"]} --batch {t[\"batch_size\"]}", "--bf16" if t.get("dtype") == "bf16" else "--no-bf16",
+      "--compile" if t.get("compile") else "", "--fused-adamw" if t.get("fused_adamw") else "")' "$recipe")
 else
   # Caps a loaded 2-core machine never reaches: the smoke checks the steps, not this machine's speed.
   work=${work:-runs/gpu-smoke} device=cpu BUDGET_S=3600 TRAIN_S=2 RESERVE_S=40 PROBE_STEPS=2 MIN_STEPS=4 MAX_STEPS=8
   TEST_CAP=900 BENCH_CAP=900 REAL_CAP=900 ITEMS=8 TESTS=(tests/test_cuda.py)  # collecting the whole suite takes ~30 s on 2 cores
-  SETS=(model.hidden_size=32 model.num_layers=1 model.num_heads=2 model.vocab_size=300 model.max_position_embeddings=128
-        train.batch_size=4 train.seq_len=128 train.dtype=float32 train.device=cpu train.warmup_steps=2 train.eval_batches=1
-        train.outlier_sequences=2 data.retrieval_max_needles=1 tasks.lm_tokens=1024 tasks.choice_items=8
-        "tasks.retrieval_contexts=[128]" "tasks.retrieval_needles=[1]" tasks.retrieval_examples=4
+  # float32, nothing compiled: training refuses bf16 on a CPU (tests/test_gpu_regime.py checks bf16's combine on one)
+  SETS=(model.hidden_size=32 model.num_layers=1 model.num_heads=2 model.max_position_embeddings=128
+        train.batch_size=4 train.seq_len=128 train.dtype=float32 train.compile=false train.device=cpu train.warmup_steps=2
+        train.eval_batches=1 train.outlier_sequences=2 tasks.lm_tokens=1024
         analysis.stats_tokens=1024 analysis.seq_len=128 "analysis.bits=[8, 4]" "analysis.methods=['absmax']" "analysis.sites=['logits', 'linear']")
+  if grep -q '^corpus = "bigram-backcopy"' "$recipe"; then  # its own vocabulary, no text tasks
+    SETS+=(tasks.bb_sequences=8)
+  else
+    SETS+=(model.vocab_size=300 data.retrieval_max_needles=1 tasks.choice_items=8 "tasks.retrieval_contexts=[128]"
+           "tasks.retrieval_needles=[1]" tasks.retrieval_examples=4)
+  fi
   STATS_BENCH=(--device cpu --hidden 32 --layers 1 --heads 2 --seq-len 64 --batch 1 --tile 32 --repeats 1 --observer-tensors 1 --sections 124)
   REAL_BENCH=(--device cpu --sections 6 --arch-size 1x32 --arch-layers 1 --arch-vocab 300 --tile 32 --repeats 1)
   QUANT_BENCH=(--device cpu --hidden 32 --layers 1 --heads 2 --batch 1 --seq 64 --tile 32 --features 64 --repeats 1)
+  BF16_CHECK=(--device cpu --seeds 0 --steps 2 --hidden 16 --seq 16 --batch 4 --held-out 4)
   TRAIN_BENCH=(--device cpu --hidden 32 --layers 1 --heads 2 --vocab 300 --seq 32 --batch 2 --repeats 2)
 fi
 set_args=()
@@ -157,9 +185,9 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 
 publish() {  # after every step, so that a call cut off still returns what it did; each file written, then renamed
-  "$PY" - "$mode" "$recipe" "$work" "$out" "$calls" "$SECONDS" "$BUDGET_S" <<'EOF'
+  "$PY" - "$mode" "$recipe" "$work" "$out" "$calls" "$SECONDS" "$BUDGET_S" "$models" <<'EOF'
 import json, os, sys, tarfile
-mode, recipe, work, out, calls, wall, budget = sys.argv[1:]
+mode, recipe, work, out, calls, wall, budget, models = sys.argv[1:]
 load = lambda name: json.load(open(os.path.join(work, name))) if os.path.exists(os.path.join(work, name)) else None
 steps = []
 if os.path.exists(os.path.join(work, "steps.tsv")):
@@ -177,7 +205,7 @@ def write(name, fill):
     os.replace(tmp, os.path.join(out, name))
 
 write("summary.json", lambda tmp: open(tmp, "w").write(json.dumps(summary, indent=1) + "\n"))
-benches = [os.path.join(work, "logs", f"bench-{b}.log") for b in ("stats", "real", "quant", "train")]
+benches = [os.path.join(work, "logs", f"bench-{b}.log") for b in ("stats", "real", "quant", "train", "bf16")]
 write("benchmarks.txt", lambda tmp: open(tmp, "w").write("".join(f"# {os.path.basename(b)}\n{open(b).read()}\n" for b in benches if os.path.exists(b))))
 if summary["report"]:
     write("report.md", lambda tmp: open(tmp, "w").write(open(os.path.join(work, "report", "report.md")).read()))
@@ -191,6 +219,21 @@ def tar(tmp):
             for name in ("train_log.json", "recipe.toml"):
                 archive.add(os.path.join(arm["path"], name), os.path.join("train", arm["arm"], name))
 write("results.tar.gz", tar)
+
+def weights(path, arm):
+    def fill(tmp):
+        with tarfile.open(tmp, "w:gz") as archive:
+            archive.add(path, arm)
+    return fill
+
+for arm in (train["runs"] if train and models == "1" else []):  # --models: each arm's model, one file each
+    name = f"model-{arm['arm']}.tar.gz"
+    if os.path.exists(os.path.join(out, name)):
+        continue  # written once training finished: the weights do not change after
+    write(name, weights(arm["path"], arm["arm"]))
+    if os.path.getsize(os.path.join(out, name)) > 16 * 2**20:
+        os.remove(os.path.join(out, name))
+        print(f"warning: {name} is over the 16 MiB a file may hold to come back; it stays in {arm['path']}", file=sys.stderr)
 for name in os.listdir(out):
     if os.path.getsize(os.path.join(out, name)) > 16 * 2**20:
         print(f"warning: {name} is over the 16 MiB that come back from $OUT", file=sys.stderr)
@@ -287,10 +330,16 @@ fi
 publish
 
 # Every test marked cuda (pyproject's markers); collection errors (a package not carried) fail the step, not the run.
-step cuda-tests "$TEST_CAP" "$PY" -m pytest -m cuda -q -rs -p no:cacheprovider --continue-on-collection-errors "${TESTS[@]}"
-step bench-stats "$BENCH_CAP" "$PY" benchmarks/stats_bench.py "${STATS_BENCH[@]}"
+# --skip-benchmarks leaves out what an earlier call measured (results/gpu), for the training's minutes; the
+# real-model step and the training benchmark always run.
+if [ "$benchmarks" = 1 ]; then
+  step cuda-tests "$TEST_CAP" "$PY" -m pytest -m cuda -q -rs -p no:cacheprovider --continue-on-collection-errors "${TESTS[@]}"
+  step bench-stats "$BENCH_CAP" "$PY" benchmarks/stats_bench.py "${STATS_BENCH[@]}"
+  step bench-quant "$BENCH_CAP" "$PY" benchmarks/quant_bench.py "${QUANT_BENCH[@]}"
+fi
 step bench-real "$REAL_CAP" "$PY" benchmarks/stats_bench.py "${REAL_BENCH[@]}"
-step bench-quant "$BENCH_CAP" "$PY" benchmarks/quant_bench.py "${QUANT_BENCH[@]}"
+# results/gpu's bf16 lead re-checked: Diff V1 in bf16 with transformers' combine and with the float32 one
+step bench-bf16 "$BENCH_CAP" "$PY" benchmarks/bf16_combine_check.py "${BF16_CHECK[@]}"
 step bench-train "$BENCH_CAP" "$PY" benchmarks/train_bench.py "${TRAIN_BENCH[@]}"
 
 # A step's time: the probe trains PROBE_STEPS steps (one eval, one checkpoint) of the same recipe, data, tokenizer

@@ -137,6 +137,7 @@ def fmt(e: dict | None, scale: float = 100.0) -> str:
 
 
 def summarize(out: Path, manifest: dict) -> dict:
+    from quantdiff.core.documents import read_document
     from quantdiff.eval.sweep import cells_from_json
     from quantdiff.eval.tasks.registry import headline_metric
 
@@ -145,7 +146,7 @@ def summarize(out: Path, manifest: dict) -> dict:
         metric = headline_metric(group["task"])
         arms: dict[str, dict] = {}
         for model in group["models"]:
-            cells = cells_from_json(json.loads((out / model["json"]).read_text()))
+            cells = cells_from_json(read_document(out / model["json"]))
             arm = arms.setdefault(model["arm"], {"arm": model["arm"], "kind": model["kind"], "units": []})
             arm["units"].append({"seed": model["seed"], **{f"{v}@{b}": l for (v, b), l in losses(cells, metric).items()}})
         rows = []

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from quantdiff.across_seeds.curves import emergence_curves
+from quantdiff.core.documents import read_document
 from quantdiff.jobs.reproduce_seeds import seed_points
 from quantdiff.report.emergence import plot_emergence
 from quantdiff.report.sweep_report import plot_sweep
@@ -35,7 +36,7 @@ def main() -> None:
     text = REPO / "results/confirm-text"
     plot_emergence(json.loads((text / "seeds.json").read_text())["emergence"], text / "emergence.png")
     for chart, (logs, arms) in ONE_SEED.items():
-        series = {arm: json.loads((REPO / logs / f"{arm}.json").read_text())["outliers"] for arm in arms}
+        series = {arm: read_document(REPO / logs / f"{arm}.json")["outliers"] for arm in arms}
         (REPO / chart).unlink()  # the committed chart, drawn before plots carried quantdiff's mark: plot_emergence would keep it
         plot_emergence(emergence_curves({"0": series}), REPO / chart)
         print(f"wrote {chart}")

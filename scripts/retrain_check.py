@@ -28,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from quantdiff.core.documents import read_document
 from quantdiff.train.determinism import pin_environment
 
 pin_environment()  # measure on the kernels the published run was measured on (before torch is imported)
@@ -88,8 +89,8 @@ def same_weights(a: Path, b: Path) -> bool:
 
 
 def compare(seed: int, out: Path, names: list[str]) -> tuple[str, bool]:
-    published_stats = json.loads((PUBLISHED / f"seed-{seed}" / "stats.json").read_text())
-    published_sweep = json.loads((PUBLISHED / f"seed-{seed}" / "sweep.json").read_text())
+    published_stats = read_document(PUBLISHED / f"seed-{seed}" / "stats.json")
+    published_sweep = read_document(PUBLISHED / f"seed-{seed}" / "sweep.json")
     published = headline(published_stats)
     shipped_seed = json.loads((SHIPPED / "standard" / "train_log.json").read_text()).get("seed")
     rows, ok = [], True
@@ -100,7 +101,7 @@ def compare(seed: int, out: Path, names: list[str]) -> tuple[str, bool]:
         docs_equal = without_paths(stats["models"]) == without_paths(published_stats["models"]) and without_paths(sweep["cells"]) == without_paths(published_sweep["cells"])
         for arm, values in mine.items():
             log = json.loads((seed_dir / arm / "train_log.json").read_text())
-            losses = log["train_loss_curve"] == json.loads((PUBLISHED / "train_logs" / f"seed-{seed}" / f"{arm}.json").read_text())["train_loss_curve"]
+            losses = log["train_loss_curve"] == read_document(PUBLISHED / "train_logs" / f"seed-{seed}" / f"{arm}.json")["train_loss_curve"]
             weights = same_weights(seed_dir / arm, SHIPPED / arm) if shipped_seed == seed else None
             kernels = f"{log['determinism']['cpu_capability']}, {log['determinism']['threads']} thread(s), {log['determinism'].get('cpu_vendor', '?')}"
             good = values == published[arm] and losses and docs_equal and weights is not False

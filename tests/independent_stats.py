@@ -4,17 +4,18 @@ step-down adjustment (Holm 1979), and a seed's metric values read straight from 
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 from pathlib import Path
 
 
 def per_seed_values(results: Path, seed: int) -> dict[str, dict[str, float]]:
-    """{metric key: {arm: value}} of one seed, read straight from results/seed-<s>/stats.json and sweep.json: Top-1
+    """{metric key: {arm: value}} of one seed, read straight from results/seed-<s>/stats.json.gz and sweep.json.gz: Top-1
     overall and per softmax map (stats' per-head blocks, one per map) from the `topk` lists, each valid quantized
     cell's accuracy (`sweep/…`) and its change from the same model unquantized (`change/…`)."""
-    stats = json.loads((results / f"seed-{seed}" / "stats.json").read_text())
-    sweep = json.loads((results / f"seed-{seed}" / "sweep.json").read_text())
+    stats = json.loads(gzip.decompress((results / f"seed-{seed}" / "stats.json.gz").read_bytes()))
+    sweep = json.loads(gzip.decompress((results / f"seed-{seed}" / "sweep.json.gz").read_bytes()))
     values: dict[str, dict[str, float]] = {}
     for model in stats["models"]:
         for block in ("attention_logits", "hidden_states"):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from quantdiff.core.documents import read_document
 from quantdiff.core.errors import ConfigError
 from quantdiff.train.recipe import load_recipe
 from tests.independent_stats import holm, per_seed_values, sign_flip
@@ -55,9 +56,8 @@ CHANGES = ["change/bb/linear/absmax/4", "change/bb/qk/llm-int8/4"]
 def test_change_metrics_and_their_holm_family_recompute_from_the_per_seed_json():
     from quantdiff.across_seeds.document import seeds_document
 
-    read = lambda path: json.loads(path.read_text())  # noqa: E731
-    stats = {str(s): read(RESULTS_BB / f"seed-{s}" / "stats.json") for s in SEEDS}
-    sweeps = {str(s): read(RESULTS_BB / f"seed-{s}" / "sweep.json") for s in SEEDS}
+    stats = {str(s): read_document(RESULTS_BB / f"seed-{s}" / "stats.json") for s in SEEDS}
+    sweeps = {str(s): read_document(RESULTS_BB / f"seed-{s}" / "sweep.json") for s in SEEDS}
     kinds = {m["name"]: m["kind"] for m in stats["0"]["models"]}
     arms = ["diff", "diffv2"]
     doc = seeds_document("bb", kinds, "standard", stats, sweeps, {str(s): {} for s in SEEDS}, CHANGES, arms)

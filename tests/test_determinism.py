@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from quantdiff.core.documents import read_document
 from quantdiff.train import determinism
 from tests.test_seeds import MICRO_BB
 
@@ -99,7 +100,7 @@ def test_the_bb_seed_0_arms_retrain_their_pinned_first_steps(tmp_path):
     state = first_steps(reference["step"], tmp_path)
     assert state["loss"] == reference["loss"]  # bit for bit (the logged losses: 5 decimals)
     for arm, losses in reference["loss"].items():
-        shipped = json.loads((SHIPPED_LOGS / f"{arm}.json").read_text())["train_loss_curve"][: len(losses)]
+        shipped = read_document(SHIPPED_LOGS / f"{arm}.json")["train_loss_curve"][: len(losses)]
         if vendor == PUBLISHED_VENDOR:  # docs/training.md's tolerance on the same vendor: none
             assert losses == shipped, arm
         else:

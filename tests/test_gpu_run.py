@@ -3,7 +3,8 @@ comes back under $OUT, the sizing of the steps, the report, a second call that s
 and bad input refused in one line.
 
 The smoke run is the smallest that still runs every step of the script (issue 46: it cost ~197 s of one core
-before): 1-layer 32-wide arms for a few steps on one novel of the corpus, the real-model step on 1-layer stand-ins
+before): the next call's recipe (recipes/gpu-regime-bb.toml, issue 58) as 1-layer 32-wide arms in float32 for a few
+steps, each arm's model brought back (--models), the real-model step on 1-layer stand-ins
 of SmolLM2 and Gemma 3 on 1 × 32 tokens, one repeat per timing, nothing compiled; and its second call skips the
 preflight too, so it costs a second instead of the preflight's imports. What it still proves: the script's
 control flow (preflight, caps, done-markers, resume by call, sizing from the probe, publishing after every step)
@@ -30,7 +31,7 @@ from quantdiff.train.recipe import parse_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_run.sh"
-STEPS = {"cuda-tests", "bench-stats", "bench-real", "bench-quant", "bench-train", "probe", "train", "reproduce"}
+STEPS = {"cuda-tests", "bench-stats", "bench-real", "bench-quant", "bench-train", "bench-bf16", "probe", "train", "reproduce"}
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -43,14 +44,19 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(corpus.find_rdata() is None and not (REPO / ".whl" / "corpus").is_dir(),
                     reason="corpus not installed (python -m quantdiff.data.corpus --install)")
 def test_smoke_run_returns_its_results_and_a_second_call_skips_what_is_done(tmp_path):
-    recipe, out, work = REPO / "recipes" / "gpu.toml", tmp_path / "out", tmp_path / "work"  # all its arms
+    # The next call's recipe (issue 58), all its arms, with their models brought back
+    recipe, out, work = REPO / "recipes" / "gpu-regime-bb.toml", tmp_path / "out", tmp_path / "work"
     arms = parse_recipe(recipe.read_text(encoding="utf-8"), "gpu").arm_names
-    result = _run("--smoke", "--recipe", str(recipe), "--out", str(out), "--work", str(work), cwd=tmp_path)
+    result = _run("--smoke", "--models", "--recipe", str(recipe), "--out", str(out), "--work", str(work), cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     # What the device tool brings back: at most 8 plain files of at most 16 MiB, here all at the top.
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["benchmarks.txt", "report.md", "results.tar.gz", "summary.json"]
+    assert files == sorted(["benchmarks.txt", "report.md", "results.tar.gz", "summary.json", *(f"model-{arm}.tar.gz" for arm in arms)])
+    assert len(files) <= 8
+    for arm in arms:  # --models: the weights, loadable as saved
+        with tarfile.open(out / f"model-{arm}.tar.gz") as archive:
+            assert {f"{arm}/model.safetensors", f"{arm}/config.json"} <= set(archive.getnames())
     assert all((out / name).is_file() and (out / name).stat().st_size <= 16 * 2**20 for name in files)
 
     summary = json.loads((out / "summary.json").read_text())
@@ -65,6 +71,7 @@ def test_smoke_run_returns_its_results_and_a_second_call_skips_what_is_done(tmp_
 
     bench = (out / "benchmarks.txt").read_text()
     assert "stats/eager" in bench and "fake-quant logits int8" in bench and "Diff / standard throughput" in bench
+    assert "# bench-bf16.log" in bench and re.search(r"^diff +bf16\+float32-combine +seed 0: \d", bench, re.M)
     assert "# bench-real.log" in bench and "## 6. stats pass on the built-in models' architectures, stand-in weights" in bench
     for model in ("smollm2", "gemma3"):  # each measured against both plain forwards
         assert re.search(rf"^{model} \(1 layers, d\d+, vocab 300\): eager .* stats .* eager, .* sdpa$", bench, re.M)
@@ -79,10 +86,10 @@ def test_smoke_run_returns_its_results_and_a_second_call_skips_what_is_done(tmp_
             log = json.load(archive.extractfile(f"train/{arm}/train_log.json"))
             assert log["steps"] == sizing["steps"] and len(log["outliers"]) == sizing["steps"] // sizing["every"]  # emergence tracked
             saved = parse_recipe(archive.extractfile(f"train/{arm}/recipe.toml").read().decode(), "gpu")
-            assert saved.train.steps == sizing["steps"] and saved.train.bos and saved.data.corpus_names == ("janeaustenr",)
+            assert saved.train.steps == sizing["steps"] and saved.train.bos and saved.data.corpus_names == ("bigram-backcopy",)
         assert json.load(archive.extractfile("reproduce.json"))["schema"] == "quantdiff.reproduce"
 
-    again = _run("--smoke", "--recipe", str(recipe), "--out", str(out), "--work", str(work), cwd=tmp_path)
+    again = _run("--smoke", "--models", "--recipe", str(recipe), "--out", str(out), "--work", str(work), cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert all(f"== {step}: done in an earlier call, skipped" in again.stdout for step in STEPS)
     assert "preflight:" not in again.stdout  # the same machine and wheels: its preflight stands

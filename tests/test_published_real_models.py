@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from quantdiff.core.documents import read_document
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results" / "real-models"
 PAGES = [REPO / "README.md", REPO / "docs" / "results.md"]
 
 
 def _model(name: str) -> dict:
-    [model] = json.loads((RESULTS / f"{name}.json").read_text())["models"]
+    [model] = read_document(RESULTS / f"{name}.json")["models"]
     return model
 
 

@@ -202,6 +202,7 @@ def _check_outlier_series(series: list[dict], recipe, kind: str) -> None:
         for key in ("attention_logits", "hidden_states"):
             block = entry[key]
             assert block["top1"] >= block["median"] > 0 and block["kurtosis"] is not None
+            assert block["top1_to_median"] == block["top1"] / block["median"]  # the massive-activation ratio
         sink = entry["sink"]
         assert 0 <= sink["score"] <= 1 and 0 < sink["mean"] <= sink["max"] <= 1
         assert len(sink["per_head"]) == recipe.model.num_layers

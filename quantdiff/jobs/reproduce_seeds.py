@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from quantdiff.core.atomic import write_json
+from quantdiff.core.documents import document_exists, read_document
 from quantdiff.report.sweep_report import SweepPoint
 
 
@@ -147,16 +148,15 @@ def rebuild(directory: Path, recipe_name: str | None = None) -> Path:
     seeds = sorted(int(p.name.removeprefix("seed-")) for p in directory.glob("seed-*") if p.name.removeprefix("seed-").isdigit())
     if not seeds:
         raise ConfigError(f"{directory} holds no seed-<s>/ directories")
-    read = lambda path: json.loads(path.read_text(encoding="utf-8"))  # noqa: E731
-    old = read(directory / "seeds.json") if (directory / "seeds.json").is_file() else {}
+    old = read_document(directory / "seeds.json") if document_exists(directory / "seeds.json") else {}
     if not (recipe_name or old.get("recipe")):
         raise ConfigError(f"{directory} has no seeds.json naming its recipe: name it with --recipe")
     recipe = load_recipe(recipe_name or old["recipe"])
-    stats = {str(s): read(directory / f"seed-{s}" / "stats.json") for s in seeds}
-    sweeps = {str(s): read(directory / f"seed-{s}" / "sweep.json") for s in seeds}
+    stats = {str(s): read_document(directory / f"seed-{s}" / "stats.json") for s in seeds}
+    sweeps = {str(s): read_document(directory / f"seed-{s}" / "sweep.json") for s in seeds}
     kinds = {m["name"]: m["kind"] for m in stats[str(seeds[0])]["models"]}
     logs = {str(s): {arm: directory / "train_logs" / f"seed-{s}" / f"{arm}.json" for arm in kinds} for s in seeds}
-    series = {s: {arm: read(path).get("outliers") or [] for arm, path in by_arm.items() if path.is_file()} for s, by_arm in logs.items()}
+    series = {s: {arm: read_document(path).get("outliers") or [] for arm, path in by_arm.items() if document_exists(path)} for s, by_arm in logs.items()}
     plan = plan_file(recipe)
     check = read_plan_check(directory, plan)
     doc = seeds_document(recipe.name, kinds, reference_name(kinds), stats, sweeps, series,

@@ -89,6 +89,13 @@ class DiffV2Attention(VariantAttention):
 
     def combine_heads(self, out: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         """(B, T, 2h, d) -> (B, T, h, d): O_2i − λ_i·O_2i+1, the pairs sharing a GQA group."""
+        device = out.device.type
+        if torch.is_autocast_enabled(device):
+            # Under bf16 autocast λ and the subtraction stay float32 (issue 58), more precise than the reference,
+            # whose whole module runs in the training dtype; o_proj casts the result back when it reads it.
+            with torch.autocast(device, enabled=False):
+                lam = torch.sigmoid(nn.functional.linear(hidden_states.float(), self.lambda_proj.weight.float()))
+                return out[:, :, 0::2].float() - lam[..., None] * out[:, :, 1::2].float()
         lam = torch.sigmoid(self.lambda_proj(hidden_states))  # (B, T, h)
         return out[:, :, 0::2] - lam[..., None].to(out.dtype) * out[:, :, 1::2]
 

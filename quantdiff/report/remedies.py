@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantdiff.core.atomic import atomic_file, write_json
+from quantdiff.core.documents import read_document
 from quantdiff.core.owned import plot_metadata
 from quantdiff.eval.sweep import Cell, cells_from_json
 from quantdiff.eval.tasks.registry import headline_metric
@@ -71,7 +72,7 @@ def load_groups(out: Path) -> tuple[dict, list[Group]]:
         by_name = {m["name"]: m for m in spec["models"]}
         arms: dict[str, Arm] = {}
         for run in (r for r in manifest["runs"] if r["group"] == spec["name"]):
-            cells = cells_from_json(json.loads((out / run["json"]).read_text()))
+            cells = cells_from_json(read_document(out / run["json"]))
             references = {c.model: c for c in cells if c.is_reference}
             for cell in cells:
                 model = by_name[cell.model]

@@ -2,7 +2,7 @@
 
 At every eval step each model is switched to the quantdiff backend (which computes logits tile by tile
 and lets the statistics observe them), measured, and switched back to the attention it trains on. The entry
-keeps the paper's Table-5 numbers (Top-1, median, kurtosis of |attention logits| and |hidden states|),
+keeps the paper's Table-5 numbers (Top-1, median, their ratio, kurtosis of |attention logits| and |hidden states|),
 where the largest hidden value sits (massive activations sit at the first token), the attention-sink
 score (share of heads whose mean attention to position 0 exceeds ε) and LLM.int8's outlier features.
 Measuring changes no weight and draws no random number, so a resumed run logs the same series.
@@ -30,6 +30,8 @@ def _activation(summary: dict, location: tuple[str, ...]) -> dict:
         "top1": summary["max"],
         "median": summary["median"],
         "kurtosis": summary["kurtosis"],
+        # the massive-activation criterion (Sun et al. 2024: ~1000x the median), without recomputing it from the two
+        "top1_to_median": summary["max"] / summary["median"] if summary["median"] else None,
         "top1_at": {name: top.get(name) for name in location},
     }
 

@@ -61,7 +61,7 @@ from quantdiff.eval.tasks.bb import BBTask
 from quantdiff.eval.tasks.lm import LMTask, PreparedLM
 from quantdiff.eval.tasks.retrieval import encode_example, exact_matches
 from quantdiff.models.tokenizer import save_tokenizer
-from quantdiff.train import determinism, emergence, guards, provenance
+from quantdiff.train import determinism, emergence, guards, precision, provenance
 from quantdiff.train.guards import CHECKPOINT  # inside --out; removed once the arms are saved
 from quantdiff.train.resume_state import checked_state
 
@@ -173,7 +173,8 @@ def make_optimizer(model: PreTrainedModel, cfg: TrainConfig, arm: ArmConfig) -> 
     names = [n for n, _ in decay + other]
     if arm.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=arm.peak_lr(cfg), momentum=arm.momentum), names
-    return torch.optim.AdamW(groups, lr=arm.peak_lr(cfg), betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-8), names
+    return torch.optim.AdamW(groups, lr=arm.peak_lr(cfg), betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-8,
+                             fused=cfg.fused_adamw or None), names  # None: PyTorch picks (foreach on CUDA)
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
@@ -426,6 +427,9 @@ def train_pair(recipe: Recipe, out: str | Path, *, force: bool = False, stop_aft
     checkpoint = Checkpoint(out)
     run = start_run(recipe, out, checkpoint, force, console)
     state = run.state
+    if cfg.dtype == "bf16":  # before compiling: the float32 combine is part of what is compiled
+        for model in run.models.values():
+            precision.keep_combine_float32(model)
     step_models = {kind: torch.compile(model) if cfg.compile else model for kind, model in run.models.items()}
     autocast = torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16")
     started = time.perf_counter() - state["elapsed_s"]

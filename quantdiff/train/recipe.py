@@ -98,6 +98,7 @@ class TrainConfig:
     dtype: str = "float32"  # "bf16" = bfloat16 autocast, CUDA only (weights and optimizer stay float32)
     device: str = "auto"  # "auto" = CUDA when present
     compile: bool = False  # torch.compile the training step's model
+    fused_adamw: bool = False  # AdamW's fused kernel (one launch for every parameter); off: PyTorch's default
     checkpoint_every: int = 100  # steps; resume restarts from the last one
     log_every: int = 10
     eval_every: int = 250  # held-out loss on eval_batches batches, for the log's curve

@@ -1,0 +1,36 @@
+"""Reading a JSON document that may be stored gzip-compressed.
+
+Published per-seed and per-model documents are tracked as `<name>.json.gz` (about 10x smaller, so the tree fits a
+device call's carry); readers still name `<name>.json`, and the compressed sibling is read when the plain file is
+absent. A run's own outputs stay plain JSON: only publishing compresses them (`gzip -n`, so the bytes carry no
+name or time and regenerate identically).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+GZ_SUFFIX = ".gz"
+
+
+def stored_path(path: Path) -> Path:
+    """`path` itself when it exists, else its `.gz` sibling when that exists, else `path` (so the error names
+    the document the caller asked for)."""
+    compressed = path.with_name(path.name + GZ_SUFFIX)
+    return compressed if not path.exists() and compressed.exists() else path
+
+
+def document_exists(path: Path) -> bool:
+    """Whether `path` or its compressed sibling is a file."""
+    return stored_path(path).is_file()
+
+
+def read_document(path: Path) -> Any:
+    """The JSON value of `path`, or of `path.gz` when only the compressed sibling is stored."""
+    stored = stored_path(path)
+    if stored.name.endswith(GZ_SUFFIX) and stored != path:
+        return json.loads(gzip.decompress(stored.read_bytes()).decode("utf-8"))
+    return json.loads(stored.read_text(encoding="utf-8"))

@@ -12,7 +12,6 @@ change when the documents move to another encoding.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 from quantdiff.across_seeds.distributions import t_quantile
 from quantdiff.across_seeds.intervals import paired, summarize
 from quantdiff.across_seeds.metrics import change_key, model_values, sweep_values
+from quantdiff.core.documents import read_document
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 RUNS = ("confirm-text", "confirm-bb")
@@ -43,8 +43,8 @@ GAUSSIAN_SEED = 0
 
 
 def read_json(path: Path) -> dict:
-    """One JSON document of results/ (the single reader: switch it here for compressed documents)."""
-    return json.loads(path.read_text(encoding="utf-8"))
+    """One JSON document of results/ (stored as `path` or, compressed, as `path.gz`: core.documents)."""
+    return read_document(path)
 
 
 def seeds(run: str) -> list[int]:

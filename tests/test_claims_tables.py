@@ -5,6 +5,7 @@ comparisons, the Gaussian reference, and the absence of massive activations."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import math
@@ -17,6 +18,11 @@ import pytest
 from tests.independent_stats import per_seed_values, sign_flip
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stats(run: str, seed: int) -> dict:
+    """One seed's stats document, read without quantdiff (published compressed: gzip -n)."""
+    return json.loads(gzip.decompress((ROOT / "results" / run / f"seed-{seed}" / "stats.json.gz").read_bytes()))
 SPEC = importlib.util.spec_from_file_location("claims_tables", ROOT / "scripts" / "claims_tables.py")
 claims = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(claims)
@@ -61,7 +67,7 @@ def _minus(text: str) -> str:
 def test_map_1_alone_recomputes_and_the_pages_quote_it(run, arm, quoted, pages):
     ratios = []
     for seed in _seeds(run):
-        models = {m["name"]: m for m in json.loads((ROOT / "results" / run / f"seed-{seed}" / "stats.json").read_text())["models"]}
+        models = {m["name"]: m for m in _stats(run, seed)["models"]}
         ratios.append(_map1_top1(models["standard"]) / _map1_top1(models[arm]))
     mean, low, high = _t_interval(ratios, log=True)
     assert f"{mean:#.3g}× [{low:#.3g}, {high:#.3g}]" == quoted
@@ -125,7 +131,7 @@ def test_no_trained_model_has_a_massive_activation(run, largest):
     """Sun et al.'s criterion, applied here to each layer's Top-1 and median: above 100 and ≥ 1,000× the median."""
     ratios = []
     for seed in _seeds(run):
-        for model in json.loads((ROOT / "results" / run / f"seed-{seed}" / "stats.json").read_text())["models"]:
+        for model in _stats(run, seed)["models"]:
             for layer in model["hidden_states"]["per_layer"]:
                 assert not (layer["max"] > 100 and layer["max"] >= 1000 * layer["median"])
                 ratios.append(layer["max"] / layer["median"])

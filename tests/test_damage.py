@@ -125,3 +125,16 @@ def test_sensitivity_cli_on_smollm2(tmp_path):
     assert [e["layer"] for e in site["layers"]] == list(range(30))
     assert all(e["damage"]["kld_mean"] > 0 and e["outliers"]["input_top1"] > 0 for e in site["layers"])
     assert any(e["outliers"]["massive"] for e in site["layers"])
+
+
+def test_eval_layers_option_records_the_layers_and_refuses_out_of_range(tmp_path, capsys):
+    out = tmp_path / "e.json"
+    main(["eval", "tiny/diff", "--task", "lm", "--bits", "4", "--site", "linear", "--layers", "3,1", "--limit", "2", "--json", str(out), "--quiet"])
+    [cell] = json.loads(out.read_text())["cells"]
+    assert cell["layers"] == [1, 3]
+    from quantdiff.eval.sweep import cells_from_json
+
+    assert cells_from_json({"cells": [cell]})[0].layers == [1, 3]
+    with pytest.raises(SystemExit):
+        main(["sweep", "tiny/diff", "--task", "lm", "--bits", "4", "--site", "linear", "--layers", "1,9", "--limit", "2", "--quiet"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: --layers: layer 9 is out of range: tiny/diff has 4 decoder layers (0–3)"

@@ -40,10 +40,11 @@ def sensitivity(
     from quantdiff.report.sensitivity_report import sensitivity_tables
 
     check_list(site, "--site")
+    to_stdout = str(json_path) == "-"  # the JSON is stdout's whole content
     request = SensitivityRequest(model, method, bits, tuple(split_names(site, "sites")), granularity, data, tokens, seq_len, bos,
-                                 device, json_path, plot, force, quiet, trust_remote_code)
+                                 device, json_path, plot, force, quiet or to_stdout, trust_remote_code)
     result = run(request)
-    if not quiet:
+    if not (quiet or to_stdout):
         console = line_console(stderr=False)
         for table in sensitivity_tables(result):
             console.print(table)

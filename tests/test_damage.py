@@ -117,7 +117,7 @@ def test_sensitivity_cli_on_a_tiny_model(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error:")
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=35)
 def test_sensitivity_cli_on_smollm2(tmp_path):
     out = tmp_path / "s.json"
     main(["sensitivity", "smollm2", "--bits", "4", "--site", "linear", "--tokens", "32", "--seq-len", "32", "--json", str(out), "--quiet"])

@@ -24,6 +24,7 @@ _API = {
     "collect_stats": "quantdiff.api",
     "export_quantized": "quantdiff.api",
     "parse_config": "quantdiff.api",
+    "damage": "quantdiff.api",
     "quantized": "quantdiff.api",
     "apply_quantization": "quantdiff.api",
     "kv_cache": "quantdiff.api",

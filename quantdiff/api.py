@@ -168,3 +168,26 @@ def calibrated_configs(configs: Sequence[sites.QuantConfig], model: nn.Module, t
     if bos_id is not None and (as_int(bos_id) is None or bos_id < 0):
         raise ConfigError(f"bos_id must be a token id (an integer of at least 0) or None, got {bos_id!r}")
     return transforms.calibrated_configs(configs, model, tokenizer, None if bos_id is None else as_int(bos_id))
+
+
+@check.arguments
+def damage(model: nn.Module, ids: torch.Tensor, config: sites.QuantConfig, *, layers: Sequence[int] | None = None, batch_size: int = 4) -> dict:
+    """How far `model` quantized as `config` moves from itself in full precision on token ids (B, T) (or (T,)):
+    per-token KL divergence (mean, median, p99, max), Δp of the correct token (mean, RMS), same top-1 rate and
+    Δ loss, llama.cpp's `--kl-divergence` measures (see `eval.damage`). `layers`: quantize only those decoder
+    layers (replaces `config.layers`)."""
+    from dataclasses import replace
+
+    from quantdiff.eval.damage import damages
+
+    check.quantdiff_model(model)
+    check.positive_int(batch_size, "batch_size")
+    if not isinstance(config, sites.QuantConfig):
+        raise ConfigError(f"config must be a QuantConfig (quantdiff.parse_config(method, bits, site)), got {check.kind_of(config)}")
+    if layers is not None:
+        if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or not all(as_int(l) is not None for l in layers):
+            raise ConfigError(f"layers must be a list of decoder-layer indices or None, got {layers!r:.60}")
+        config = replace(config, layers=tuple(as_int(l) for l in layers))
+    sites.chosen_layers(model, config)
+    batches = make_batches(check.token_ids(ids, model).tolist(), batch_size)
+    return damages(model, batches, [config])[0][0]

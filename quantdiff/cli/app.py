@@ -86,6 +86,7 @@ COMMANDS = [
     ("eval", "sweep", "evaluate"),
     ("quantize", "quantize", "quantize"),
     ("kv-plan", "kv_plan", "kv_plan"),
+    ("sensitivity", "sensitivity", "sensitivity"),
     ("train", "train", "train"),
     ("reproduce", "reproduce", "reproduce"),
     ("info", "info", "info"),

@@ -45,6 +45,7 @@ class Cell:
     kv_plan: dict | None = None  # a kv plan's policy, budget and the effective bits it measured (`quant.kv_plan`)
     granularity: str | None = None  # registry.GRANULARITY_NAMES; None for the reference
     recorded: list[dict] | None = None  # what the model's export quantizes at run time (`checkpoint.recorded_quantization`)
+    layers: list[int] | None = None  # the decoder layers quantized (`QuantConfig.layers`); None: every layer
 
     @property
     def causal(self) -> bool:
@@ -61,7 +62,8 @@ class Cell:
         return self.nonfinite_logits == 0
 
     def to_dict(self) -> dict[str, Any]:
-        optional = {k: v for k, v in (("group_size", self.group_size), ("transform", self.transform), ("kv_plan", self.kv_plan), ("recorded", self.recorded)) if v is not None}
+        optional = {k: v for k, v in (("group_size", self.group_size), ("transform", self.transform), ("kv_plan", self.kv_plan), ("recorded", self.recorded),
+                                      ("layers", self.layers)) if v is not None}
         blocks = {} if self.blocks is None else {"blocks": self.blocks}
         return {"model": self.model, "task": self.task, "method": self.method, "bits": self.bits, "site": self.site,
                 "granularity": self.granularity, "causal": self.causal, **optional, **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits, **blocks}
@@ -75,13 +77,14 @@ class SweepPlan:
 
 def plan_sweep(
     methods: Sequence[str], bits: Sequence[int], sites: Sequence[str], group_size: int | None = None, transform: Transform | None = None,
-    scales: str = DEFAULT_GRANULARITY,
+    scales: str = DEFAULT_GRANULARITY, layers: Sequence[int] | None = None,
 ) -> SweepPlan:
     """Every supported (method, site, bits) configuration; unknown names are errors, unsupported pairs skipped.
     group_size: absmax weights at the linear site in groups of that many inputs (LLM.int8 is then skipped), or
     the kv site's rows in groups of that many channels.
     transform: a rotation or smoothing at the linear site, which must then be the only site.
-    scales: every configuration's granularity (`sites.parse_config`); "tensor" is the former, non-causal default."""
+    scales: every configuration's granularity (`sites.parse_config`); "tensor" is the former, non-causal default.
+    layers: quantize only these decoder layers (None: every layer)."""
     granularity(scales)
     if transform is not None and list(dict.fromkeys(sites)) != ["linear"]:
         raise ConfigError(f"--{'rotate' if transform.name == 'hadamard' else 'smooth'} transforms the linear site: use it with --site linear only")
@@ -94,7 +97,7 @@ def plan_sweep(
     for method in dict.fromkeys(methods):
         for site in dict.fromkeys(sites):
             try:
-                configs.extend(parse_config(method, b, site, scales, group_size=group_size, transform=transform) for b in dict.fromkeys(bits))
+                configs.extend(parse_config(method, b, site, scales, group_size=group_size, transform=transform, layers=layers) for b in dict.fromkeys(bits))
             except ConfigError as exc:  # names and bits are valid, so this pair is unsupported
                 skipped.append(f"{method} at site {site}: {exc}")
     if not configs:
@@ -122,6 +125,10 @@ def granularity_of(config: QuantConfig | None) -> str | None:
     return None if config is None else granularity_name(config.method.granularity)
 
 
+def layers_of(config: QuantConfig | None) -> list[int] | None:
+    return None if config is None or config.layers is None else list(config.layers)
+
+
 def transform_of(config: QuantConfig | None) -> Transform | None:
     return None if config is None or not isinstance(config.site, LinearSite) else config.site.transform
 
@@ -134,12 +141,13 @@ def transform_tag(transform: dict | None) -> str:
 
 
 def label(method: str | None, bits: int | None, site: str | None, group_size: int | None = None, transform: dict | None = None,
-          kv_plan: dict | None = None, granularity: str | None = None) -> str:
+          kv_plan: dict | None = None, granularity: str | None = None, layers: Sequence[int] | None = None) -> str:
     if method is None:
         return REFERENCE
     plan = "" if kv_plan is None else f" plan:{kv_plan['policy']}"
     scales = "" if granularity in (None, DEFAULT_GRANULARITY) else f" [{granularity}{'' if granularity in CAUSAL_GRANULARITIES else ', non-causal'}]"
-    return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'}{transform_tag(transform)} @{site}{plan}{scales}"
+    chosen = "" if layers is None else f" layers {','.join(map(str, layers))}"
+    return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'}{transform_tag(transform)} @{site}{chosen}{plan}{scales}"
 
 
 def kv_plan_of(config: QuantConfig | None) -> KVPlan | None:
@@ -149,7 +157,7 @@ def kv_plan_of(config: QuantConfig | None) -> KVPlan | None:
 def cell_label(cell: Cell) -> str:
     """The cell's quantization, then what its model's export records (a cell adding none is labelled with the
     export's own: `describe_run`)."""
-    own = label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform, cell.kv_plan, cell.granularity)
+    own = label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform, cell.kv_plan, cell.granularity, cell.layers)
     recorded = [label(r["method"], r["bits"], r["site"], granularity=r["granularity"]) for r in cell.recorded or []]
     if not recorded:
         return own
@@ -207,7 +215,7 @@ def run_cell(
     record = None if transform is None else transform_record(transform, model, [m for _, m in linear_targets(model, config.site, allow_partial)])
     plan = kv_plan_of(config)
     plan_record = None if plan is None else plan.record()
-    advance = progress(f"{name} · {label(*describe(config), group_size_of(config), record, plan_record, granularity_of(config))}", len(prepared)) if progress is not None else None
+    advance = progress(f"{name} · {label(*describe(config), group_size_of(config), record, plan_record, granularity_of(config), layers_of(config))}", len(prepared)) if progress is not None else None
     with quantized(model, config, allow_partial), counting_scored_logits() as scored:
         metrics, per_block = _evaluate(model, task, prepared, advance, blocks)
         if plan_record is not None:
@@ -217,7 +225,8 @@ def run_cell(
         per_block = None
     recorded = getattr(model, "quantdiff_recorded", None) or []
     method, bits, site, grain = describe_run(config, recorded)
-    return Cell(name, task.name, method, bits, site, metrics, scored.nonfinite, group_size_of(config), record, per_block, plan_record, grain, recorded or None)
+    return Cell(name, task.name, method, bits, site, metrics, scored.nonfinite, group_size_of(config), record, per_block, plan_record, grain, recorded or None,
+                layers_of(config))
 
 
 def run_model_cells(
@@ -263,7 +272,8 @@ def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None 
 def cells_from_json(data: dict[str, Any]) -> list[Cell]:
     """Cells of a sweep JSON. A quantized cell written before cells recorded their granularity ran per sequence:
     it reads back as granularity tensor (non-causal)."""
-    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks", "kv_plan", "granularity", "causal", "recorded")
+    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks", "kv_plan", "granularity", "causal", "recorded", "layers")
     return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0), d.get("group_size"),
-                 d.get("transform"), d.get("blocks"), d.get("kv_plan"), d.get("granularity", None if d["method"] is None else "tensor"), d.get("recorded"))
+                 d.get("transform"), d.get("blocks"), d.get("kv_plan"), d.get("granularity", None if d["method"] is None else "tensor"), d.get("recorded"),
+                 d.get("layers"))
             for d in data["cells"]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, get_args
+from typing import Callable, Iterator, Sequence, get_args
 
 import torch
 from torch import nn
@@ -167,17 +167,31 @@ SITE_TYPES: dict[str, type] = {"logits": LogitsSite, "qk": QKSite, "linear": Lin
 @checked_class
 @dataclass(frozen=True)
 class QuantConfig:
+    """`layers`: the decoder layers (0-based) quantized at the site; None: every layer (and, at site linear, the
+    lm_head when the site includes it; a layer subset leaves the lm_head alone)."""
+
     method: Method
     site: Site
+    layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.layers is not None:
+            if any(layer < 0 for layer in self.layers):
+                raise ConfigError(f"layers must be decoder-layer indices of at least 0, got {list(self.layers)}")
+            object.__setattr__(self, "layers", tuple(sorted(set(self.layers))))
 
     def to_dict(self) -> dict:
-        return {"method": _method_to_dict(self.method), "site": _site_to_dict(self.site)}
+        chosen = {} if self.layers is None else {"layers": list(self.layers)}
+        return {"method": _method_to_dict(self.method), "site": _site_to_dict(self.site), **chosen}
 
     @classmethod
     def from_dict(cls, data: dict) -> QuantConfig:
-        if not isinstance(data, dict) or set(data) != {"method", "site"}:
-            raise ConfigError("a quantization config needs exactly the keys 'method' and 'site'")
-        return cls(_method_from_dict(data["method"]), _site_from_dict(data["site"]))
+        if not isinstance(data, dict) or not {"method", "site"} <= set(data) <= {"method", "site", "layers"}:
+            raise ConfigError("a quantization config needs the keys 'method' and 'site' (and optionally 'layers'), no others")
+        layers = data.get("layers")
+        if layers is not None and (not isinstance(layers, list) or not all(type(l) is int for l in layers)):
+            raise ConfigError(f"a quantization config's layers must be a list of integers, got {layers!r:.60}")
+        return cls(_method_from_dict(data["method"]), _site_from_dict(data["site"]), None if layers is None else tuple(layers))
 
 
 # ---- the JSON form of configs (names from `registry`) -------------------------------------------------------
@@ -200,7 +214,7 @@ def _site_to_dict(site: Site) -> dict:
         grouped = {} if site.group_size is None else {"group_size": site.group_size}
         laid = {} if site.layout is None else {"layout": site.layout.to_dict()}
         return {"name": "kv", **({} if site.plan is None else {"plan": site.plan.to_dict()}), **grouped, **laid}
-    return {"name": next(name for name, site_type in SITE_TYPES.items() if isinstance(site, site_type))}
+    return {"name": site_name_of(site)}
 
 
 def _method_from_dict(data: object) -> Method:
@@ -245,6 +259,7 @@ def parse_config(
     group_size: int | None = None,
     transform: Transform | None = None,
     kv_layout: str | None = None,
+    layers: Sequence[int] | None = None,
 ) -> QuantConfig:
     """Names to config types (the CLI's and the API's way in). Raises ConfigError with a one-line message.
 
@@ -254,7 +269,8 @@ def parse_config(
     rows in groups of that many channels (site kv, granularity row).
     transform: a Hadamard rotation or SmoothQuant smoothing before quantizing (site linear only).
     kv_layout: a KV-cache layout by name (`quant.kv_layout.LAYOUTS`: "kivi", "token", "q8_0", "q4_0"; site kv
-    only), quantized with `quantdiff.kv_cache`'s own functions; group_size then sets the layout's groups."""
+    only), quantized with `quantdiff.kv_cache`'s own functions; group_size then sets the layout's groups.
+    layers: quantize only these decoder layers (0-based) at the site; checked against the model when applied."""
     bits = parse_bit_width(bits)
     _refuse_ignored(method_name(method), site_name(site), threshold, include_lm_head)
     if transform is not None and not isinstance(transform, get_args(Transform)):  # a name is not a transform
@@ -279,7 +295,10 @@ def parse_config(
         site_cfg: Site = site_type(include_lm_head=include_lm_head, transform=transform)
     else:
         site_cfg = _kv_site(kv_groups, kv_layout) if site_type is KVSite else site_type()
-    config = QuantConfig(method_cfg, site_cfg)
+    if layers is not None and (isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence)
+                               or not all(type(l) is int for l in layers)):
+        raise ConfigError(f"layers must be a list of decoder-layer indices or None, got {layers!r:.60}")
+    config = QuantConfig(method_cfg, site_cfg, None if layers is None else tuple(layers))
     check_supported(config)
     return config
 
@@ -463,8 +482,36 @@ def _occupied(model: nn.Module, tap: attention.Tap, name: str) -> ConfigError:
     return ConfigError(f"layer {tap.layer_idx} already has a {name.replace('_', ' ')}: {where}")
 
 
-def _set_on_taps(model: nn.Module, name: str, value: object, undo: list[Undo]) -> None:
-    for tap in _model_taps(model):
+def chosen_layers(model: nn.Module, config: QuantConfig) -> list[int] | None:
+    """`config.layers` checked against `model`: an index past its last decoder layer is refused by name."""
+    if config.layers is None:
+        return None
+    count = len(structure.decoder_layers(model))
+    wrong = [layer for layer in config.layers if layer >= count]
+    if wrong:
+        raise ConfigError(f"layer {wrong[0]} is out of range: {structure.model_label(model)} has {count} decoder layers (0–{count - 1})")
+    return list(config.layers)
+
+
+def _site_taps(model: nn.Module, config: QuantConfig) -> list[attention.Tap]:
+    """The attention taps of the layers `config` quantizes; a chosen layer without attention is refused by name."""
+    taps = _model_taps(model)
+    layers = chosen_layers(model, config)
+    if layers is None:
+        return taps
+    by_layer = {tap.layer_idx: tap for tap in taps}
+    missing = [layer for layer in layers if layer not in by_layer]
+    if missing:
+        raise ConfigError(f"layer {missing[0]} has no attention for site {site_name_of(config.site)} to quantize")
+    return [by_layer[layer] for layer in layers]
+
+
+def site_name_of(site: Site) -> str:
+    return next(name for name, site_type in SITE_TYPES.items() if isinstance(site, site_type))
+
+
+def _set_on_taps(model: nn.Module, config: QuantConfig, name: str, value: object, undo: list[Undo]) -> None:
+    for tap in _site_taps(model, config):
         if getattr(tap, name) is not None:
             raise _occupied(model, tap, name)
         setattr(tap, name, value)
@@ -482,7 +529,7 @@ def _model_taps(model: nn.Module) -> list[attention.Tap]:
 @register_site(LogitsSite)
 def _apply_logits(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
     quantizer = LogitsQuantizer(config.method.bits, per_row=isinstance(config.method.granularity, PerRow))
-    _set_on_taps(model, "logits_quantizer", quantizer, undo)
+    _set_on_taps(model, config, "logits_quantizer", quantizer, undo)
 
 
 @register_site(QKSite)
@@ -491,17 +538,18 @@ def _apply_qk(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
         quantizer = LLMInt8QKQuantizer(config.method)
     else:
         quantizer = AbsmaxQKQuantizer(config.method)
-    _set_on_taps(model, "operand_quantizer", quantizer, undo)
+    _set_on_taps(model, config, "operand_quantizer", quantizer, undo)
 
 
 @register_site(KVSite)
 def _apply_kv(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
     causal = is_causal(config.method.granularity)
     if config.site.plan is None:
-        _set_on_taps(model, "kv_quantizer", KVQuantizer(config.method.bits, causal, config.site.group_size, config.site.layout), undo)
+        _set_on_taps(model, config, "kv_quantizer", KVQuantizer(config.method.bits, causal, config.site.group_size, config.site.layout), undo)
         return
-    quantizers = plan_quantizers(model, config.site.plan, causal, config.site.group_size, config.site.layout)
-    for tap, quantizer in zip(_model_taps(model), quantizers):
+    chosen = {tap.layer_idx for tap in _site_taps(model, config)}
+    planned = zip(_model_taps(model), plan_quantizers(model, config.site.plan, causal, config.site.group_size, config.site.layout))
+    for tap, quantizer in ((tap, q) for tap, q in planned if tap.layer_idx in chosen):
         if tap.kv_quantizer is not None:
             raise _occupied(model, tap, "kv_quantizer")
         tap.kv_quantizer = quantizer
@@ -549,9 +597,17 @@ def _swap_weight(module: nn.Linear, method: Method) -> Undo:
 @register_site(LinearSite)
 def _apply_linear(model: nn.Module, config: QuantConfig, undo: list[Undo]) -> None:
     targets = linear_targets(model, config.site)
-    if not targets:
+    layers = chosen_layers(model, config)
+    if layers is not None:
+        prefixes = decoder_layer_prefixes(model)
+        for layer in layers:
+            if not any(fqn.startswith(prefixes[layer] + ".") for fqn, _ in targets):
+                raise ConfigError(f"layer {layer} ({prefixes[layer]}) has no nn.Linear for site linear to quantize")
+        kept = tuple(prefixes[layer] + "." for layer in layers)
+        targets = [(fqn, module) for fqn, module in targets if fqn.startswith(kept)]
+    if not targets and layers != []:
         raise ConfigError("the linear site matched no nn.Linear layer")
-    if config.site.transform is not None:
+    if config.site.transform is not None and targets:
         apply_transform(model, config.site.transform, [module for _, module in targets], undo)
     for _, module in targets:
         if config.site.weights:

@@ -113,18 +113,21 @@ class StatsCollector:
         mask = self.batch.attention_mask
         self.stats.linear_inputs.update(layer, which, x.reshape(b * t, d), None if mask is None else mask.bool().view(-1))
 
-    def run(self, model: nn.Module, batch: Batch) -> None:
-        """One forward of the base model (no LM head: its logits are not observed)."""
+    def run(self, model: nn.Module, batch: Batch, lm_head: bool = False) -> torch.Tensor | None:
+        """One forward of the base model (no LM head: its logits are not observed), or with `lm_head` of the whole
+        model, returning its output logits (the damage pass's full-precision reference, `eval.damage`)."""
         device = self.stats.logits.device
         self.batch = batch.to(device)
         with ExitStack() as deferred:
             for block in (self.stats.logits, self.stats.hidden, self.capped):
                 if block is not None:
                     deferred.enter_context(block.deferred_merges())
-            model.base_model(input_ids=self.batch.input_ids, attention_mask=self.batch.attention_mask, use_cache=False)
+            forward = model if lm_head else model.base_model
+            out = forward(input_ids=self.batch.input_ids, attention_mask=self.batch.attention_mask, use_cache=False)
         self.sinks.end_batch(self.batch.attention_mask)
         self.stats.tokens += batch.tokens
         self.stats.sequences += batch.input_ids.shape[0]
+        return out.logits if lm_head else None
 
 
 def collect(

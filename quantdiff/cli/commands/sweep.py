@@ -9,6 +9,7 @@ import typer
 
 from quantdiff.cli.options import MODELS_HELP, BosOpt, DeviceOpt, FileForceOpt, JsonOpt, PartialOpt, QuietOpt, RemoteOpt
 from quantdiff.cli.transform_options import CalibrationOpt, CalibrationTokensOpt, KVPlanOpt, RotateOpt, SmoothOpt
+from quantdiff.cli.layers_option import LayersOpt
 
 TASK_HELP = "Task: choice (HellaSwag-format multiple choice), lm (held-out loss/accuracy), retrieval (multi-needle), bb (Bigram-Backcopy accuracy; models trained on it)."
 DATA_HELP = "Task data: a HellaSwag JSONL file (choice), a text file (lm; retrieval filler). Default: the corpus' held-out text."
@@ -39,6 +40,7 @@ def sweep(
     calibration_tokens: CalibrationTokensOpt = None,
     kv_plan: KVPlanOpt = None,
     granularity: GranularityOpt = "row",
+    layers: LayersOpt = None,
     blocks: Annotated[Optional[int], typer.Option("--blocks", help="Also evaluate every cell in N contiguous blocks of the items and record each block's metrics in the JSON (intervals by batch means); the cell's metrics pool them exactly. Tasks lm and bb.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the Figure-8-style chart (PNG, PDF or SVG).")] = None,
     json_path: JsonOpt = None,
@@ -64,6 +66,7 @@ def sweep(
 
     from quantdiff.cli.task_options import check_limit, check_output, fit_default_context, make_cli_task
     from quantdiff.cli.transform_options import calibration_file, check_kv_plans, load_kv_plans, make_transform
+    from quantdiff.cli.layers_option import check_layers, parse_layers
     from quantdiff.cli.validate import check_group_option, check_list
     from quantdiff.core.device import resolve_device
     from quantdiff.core.errors import ConfigError
@@ -81,7 +84,10 @@ def sweep(
     check_group_option(group_size, split_names(site, "sites"))
     target = resolve_device(device, "--device")
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
-    plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size, transform, granularity)
+    if layers is not None and kv_plan:
+        raise ConfigError("--layers chooses layers for --site; a --kv-plan sets its own per layer")
+    chosen = parse_layers(layers)
+    plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size, transform, granularity, chosen)
     plan.configs.extend(load_kv_plans(kv_plan, data, granularity))
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
@@ -92,6 +98,7 @@ def sweep(
     the_task = fit_default_context(the_task, context, specs, trust_remote_code)
     check_outputs({"--json": json_path, "--plot": plot}, model_inputs(models, [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform) + (kv_plan or []))
     check_kv_plans(plan.configs, specs, trust_remote_code)
+    check_layers(chosen, specs, trust_remote_code)
     check_output(json_path, None, force, "--json")
     check_output(plot, (".png", ".pdf", ".svg"), force, "--plot")
     notes = line_console(stderr=True)
@@ -122,6 +129,7 @@ def evaluate(
     calibration_tokens: CalibrationTokensOpt = None,
     kv_plan: KVPlanOpt = None,
     granularity: GranularityOpt = "row",
+    layers: LayersOpt = None,
     json_path: JsonOpt = None,
     data: DataOpt = None,
     limit: LimitOpt = None,
@@ -143,6 +151,7 @@ def evaluate(
     from quantdiff.cli.output import check_json
     from quantdiff.cli.task_options import check_limit, fit_default_context, make_cli_task
     from quantdiff.cli.transform_options import calibration_file, check_kv_plans, load_kv_plans, make_transform
+    from quantdiff.cli.layers_option import check_layers, parse_layers
     from quantdiff.cli.validate import check_group_option
     from quantdiff.core.device import resolve_device
     from quantdiff.core.errors import ConfigError
@@ -153,20 +162,25 @@ def evaluate(
     from quantdiff.models.source import model_sources
     from quantdiff.quant.sites import parse_config
 
-    if bits is None and not kv_plan and (method is not None or site is not None or group_size is not None or rotate is not None or smooth is not None or granularity != "row"):
-        raise ConfigError("--method, --site, --group-size, --granularity, --rotate and --smooth choose how to quantize: give --bits too")
+    if bits is None and not kv_plan and (method is not None or site is not None or group_size is not None or rotate is not None or smooth is not None
+                                         or granularity != "row" or layers is not None):
+        raise ConfigError("--method, --site, --group-size, --granularity, --rotate, --smooth and --layers choose how to quantize: give --bits too")
+    if layers is not None and kv_plan:
+        raise ConfigError("--layers chooses layers for --site; a --kv-plan sets its own per layer")
+    chosen = parse_layers(layers)
     if kv_plan and (bits is not None or method is not None or site is not None or len(kv_plan) > 1):
         raise ConfigError("--kv-plan is one quantization of its own (site kv, its budget sets the bits): give one plan, without --bits, --method or --site")
     check_group_option(group_size, [site or "logits"])
     target = resolve_device(device, "--device")
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
-    configs = load_kv_plans(kv_plan, data, granularity) if kv_plan else [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", granularity, group_size=group_size, transform=transform)]
+    configs = load_kv_plans(kv_plan, data, granularity) if kv_plan else [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", granularity, group_size=group_size, transform=transform, layers=chosen)]
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     check_mode(bos)
     specs = resolve_models([model])
     the_task = fit_default_context(the_task, context, specs, trust_remote_code)
     check_kv_plans(configs, specs, trust_remote_code)
+    check_layers(chosen, specs, trust_remote_code)
     check_json(json_path, model_inputs([model], [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform) + (kv_plan or []), force)
     prepared = prepare_models(specs, the_task, limit, bos, target, trust_remote_code)
     cells = run_prepared(

@@ -25,7 +25,7 @@ CASES = [
     ("collect-3d-ids", lambda m: quantdiff.collect_stats(m, torch.ones(1, 2, 3, dtype=torch.long)), "shape (T,) or (B, T)"),
     ("collect-id-beyond-vocabulary", lambda m: quantdiff.collect_stats(m, torch.tensor([1, 10**6])), "token id 1000000 outside"),
     ("collect-negative-id", lambda m: quantdiff.collect_stats(m, torch.tensor([1, -1])), "token id -1 outside"),
-    ("collect-longer-than-positions", lambda m: quantdiff.collect_stats(m, torch.ones(1, 257, dtype=torch.long)), "257 tokens exceeds the model's 256 positions"),
+    ("collect-longer-than-positions", lambda m: quantdiff.collect_stats(m, torch.ones(1, 257, dtype=torch.long)), "257 tokens exceeds the model's 128 positions"),
     ("collect-batch-beyond-vocabulary", lambda m: quantdiff.collect_stats(m, make_batches([[1, 10**6]], 1)), "outside the model's vocabulary"),
     ("collect-list-of-lists", lambda m: quantdiff.collect_stats(m, [[1, 2, 3]]), "Batch objects, got a list holding a list"),
     ("collect-k-0", lambda m: quantdiff.collect_stats(m, IDS, k=0), "k must be a positive integer, got 0"),

@@ -32,7 +32,7 @@ def test_numpy_integers_become_ints_at_every_public_door(tiny_model, integer):
     group_size the export as np.uint8 (64 * 4 wraps): both are Python ints once past the door."""
     cache = quantdiff.kv_cache(tiny_model, bits=integer, group_size=np.uint8(16))
     assert all(type(b) is int for layer in cache.layers for b in layer.plan.kv_bits)
-    assert all(type(layer.group_size) is int for layer in cache.layers)
+    assert all(type(layer.layout.group_size) is int and layer.layout.group_size == 16 for layer in cache.layers)
     for fmt in (quantdiff.parse_export("absmax", integer, group_size=np.uint8(64)),
                 quantdiff.parse_export("absmax", integer, format="compressed-tensors", group_size=np.uint8(64))):
         assert (fmt.bits, fmt.group_size) == (4, 64) and type(fmt.bits) is int and type(fmt.group_size) is int

@@ -1,0 +1,78 @@
+"""Issue 53, round 6, training: a checkpoint is resumed only when it is what the run saved.
+
+Each test fails on 505bb40: a flipped byte resumed silently, a NaN tensor read as divergence, a null training
+loss was resumed as NaN, and a checkpoint without hashes resumed without a word.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from quantdiff.core.errors import LoadError
+from quantdiff.train import loop as training
+from quantdiff.train.recipe import parse_recipe
+from test_reliability import MICRO, _fails
+
+HASHES = "sha256.json"  # written here, not imported: the test pins the checkpoint's layout
+
+
+@pytest.fixture
+def stopped(tmp_path):
+    """A run of MICRO stopped after step 2, its checkpoint kept: (recipe, out, checkpoint directory)."""
+    recipe = parse_recipe(MICRO, "r")
+    assert training.train_pair(recipe, tmp_path / "run", stop_after=2) is None
+    return recipe, tmp_path / "run", tmp_path / "run" / ".checkpoint"
+
+
+def test_a_flipped_byte_in_a_checkpoint_tensor_file_is_refused_by_name(stopped, tmp_path, capsys):
+    recipe, out, ckpt = stopped
+    data = bytearray((ckpt / "diff.safetensors").read_bytes())
+    data[-3] ^= 0x01  # inside the last tensor's data: the file still parses
+    (ckpt / "diff.safetensors").write_bytes(bytes(data))
+    load_file(ckpt / "diff.safetensors")  # still a valid safetensors file: only its hash tells
+    (tmp_path / "r.toml").write_text(MICRO)
+    err = _fails(capsys, ["train", tmp_path / "r.toml", "--out", out])
+    assert f"corrupt training checkpoint {ckpt / 'diff.safetensors'}: its sha256 differs" in err
+
+
+def test_the_recorded_hashes_are_the_files_sha256(stopped):
+    import hashlib
+
+    _, _, ckpt = stopped
+    recorded = json.loads((ckpt / HASHES).read_text())
+    assert recorded == {name: hashlib.sha256((ckpt / name).read_bytes()).hexdigest() for name in ("standard.safetensors", "diff.safetensors")}
+
+
+def test_a_nan_in_a_checkpoint_tensor_is_named_not_read_as_divergence(stopped):
+    recipe, out, ckpt = stopped
+    tensors = load_file(ckpt / "standard.safetensors")
+    name = next(k for k in tensors if k.startswith("model."))
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, ckpt / "standard.safetensors")
+    (ckpt / HASHES).unlink()  # a checkpoint from before hashes: the NaN itself must be caught
+    with pytest.raises(LoadError, match=rf"corrupt training checkpoint {ckpt / 'standard.safetensors'}: tensor {name} holds NaN or Inf"):
+        training.train_pair(recipe, out)
+
+
+@pytest.mark.parametrize("value", ["null", "NaN"])
+def test_a_non_finite_training_loss_in_a_checkpoint_is_refused(stopped, value):
+    recipe, out, ckpt = stopped
+    text = (ckpt / "state.json").read_text()
+    state = json.loads(text)
+    first = state["loss"]["standard"][0]
+    (ckpt / "state.json").write_text(text.replace(json.dumps(first), value, 1))
+    with pytest.raises(LoadError, match="state.json loss of standard must hold one finite number per step"):
+        training.train_pair(recipe, out)
+
+
+def test_a_checkpoint_without_hashes_resumes_with_a_warning(stopped, tmp_path, capsys):
+    recipe, out, ckpt = stopped
+    (ckpt / HASHES).unlink()
+    (tmp_path / "r.toml").write_text(MICRO)
+    capsys.readouterr()
+    assert training.train_pair(recipe, out) is not None
+    assert f"warning: the checkpoint in {ckpt} records no sha256 of its tensor files" in capsys.readouterr().err

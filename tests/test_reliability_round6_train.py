@@ -76,3 +76,16 @@ def test_a_checkpoint_without_hashes_resumes_with_a_warning(stopped, tmp_path, c
     capsys.readouterr()
     assert training.train_pair(recipe, out) is not None
     assert f"warning: the checkpoint in {ckpt} records no sha256 of its tensor files" in capsys.readouterr().err
+
+
+def test_tied_embeddings_under_the_transformers_init_checkpoint_and_resume_exactly(tmp_path):
+    """Once an internal error at the first checkpoint (safetensors refuses two names for one tensor)."""
+    tied = MICRO.replace("[model]\n", "[model]\ntie_word_embeddings = true\n").replace('device = "cpu"', 'device = "cpu"\ninit = "transformers"')
+    recipe = parse_recipe(tied, "r")
+    full = training.train_pair(recipe, tmp_path / "full")
+    assert training.train_pair(recipe, tmp_path / "run", stop_after=2) is None
+    resumed = training.train_pair(recipe, tmp_path / "run")
+    for arm in full:
+        a, b = load_file(full[arm] / "model.safetensors"), load_file(resumed[arm] / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+        assert json.loads((full[arm] / "config.json").read_text())["tie_word_embeddings"] is True

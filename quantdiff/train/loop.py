@@ -254,7 +254,8 @@ class Checkpoint:
         with atomic_dir(self.dir, force=True, kind="checkpoint") as tmp:
             save_tokenizer(tokenizer, tmp / "tokenizer")
             for kind, model in models.items():
-                weights = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+                # cloned: tied embeddings share one tensor under two names, which safetensors refuses to save
+                weights = {f"model.{k}": v.detach().cpu().clone(memory_format=torch.contiguous_format) for k, v in model.state_dict().items()}
                 save_file(weights | optimizer_tensors(*optimizers[kind]), tmp / f"{kind}.safetensors")
             # a resume refuses a tensor file whose bytes changed since this save (a flipped byte loads silently)
             digests = {f"{kind}.safetensors": file_sha256(tmp / f"{kind}.safetensors") for kind in models}

@@ -89,3 +89,14 @@ def test_tied_embeddings_under_the_transformers_init_checkpoint_and_resume_exact
         a, b = load_file(full[arm] / "model.safetensors"), load_file(resumed[arm] / "model.safetensors")
         assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
         assert json.loads((full[arm] / "config.json").read_text())["tie_word_embeddings"] is True
+
+
+def test_a_truncated_marker_is_reported_as_damaged_not_missing(stopped, tmp_path, capsys):
+    from quantdiff.core.owned import MARKER
+
+    _, out, ckpt = stopped
+    marker = ckpt / MARKER
+    marker.write_text(marker.read_text()[:20])  # cut mid-JSON, as a full disk would
+    (tmp_path / "r.toml").write_text(MICRO)
+    err = _fails(capsys, ["train", tmp_path / "r.toml", "--out", out])
+    assert f"has a damaged {MARKER}" in err and "no " + MARKER not in err

@@ -116,6 +116,9 @@ def check_target(
         if not force:
             raise ConfigError(f"{flag} {named} is not empty (use --force to replace it)")
         found = marked_kind(out)
+        if found is None and (out / MARKER).exists():  # a truncated or edited marker is not "no marker"
+            raise ConfigError(f"{flag} {named} has a damaged {MARKER} (not the JSON quantdiff writes): refusing to replace it, even with --force "
+                              "(remove it yourself)")
         if found is None:
             raise ConfigError(f"{flag} {named} was not written by quantdiff (no {MARKER}): refusing to replace it, even with --force")
         if found != kind:

@@ -100,3 +100,38 @@ def test_a_truncated_marker_is_reported_as_damaged_not_missing(stopped, tmp_path
     (tmp_path / "r.toml").write_text(MICRO)
     err = _fails(capsys, ["train", tmp_path / "r.toml", "--out", out])
     assert f"has a damaged {MARKER}" in err and "no " + MARKER not in err
+
+
+# ---- one writer boundary: a write the file system refuses is one line naming the output --------------------------
+
+LIMITED = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG as an error, not the signal that kills by default
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+from quantdiff.cli.app import main
+main(sys.argv[2:])
+"""
+
+
+@pytest.mark.slow(seconds=20)
+@pytest.mark.parametrize("command, limit, target", [
+    (["quantize", "tiny/diff", "--out", "{tmp}/q", "--bits", "8"], 64 << 10, "{tmp}/q"),
+    (["pair", "{tmp}/p", "--hidden-size", "64", "--layers", "1"], 64 << 10, "{tmp}/p"),
+    (["train", "{tmp}/r.toml", "--out", "{tmp}/run"], 64 << 10, "{tmp}/run/.checkpoint"),
+    (["stats", "tiny/diff", "--tokens", "128", "--quiet", "--json", "{tmp}/s.json"], 2 << 10, "{tmp}/s.json"),
+], ids=["quantize", "pair", "train", "stats-json"])
+def test_a_file_size_limit_is_one_line_naming_the_output(tmp_path, command, limit, target):
+    """`ulimit -f` (EFBIG) was an internal SafetensorError in quantize, pair and train, and a line without a path."""
+    import os
+    from pathlib import Path
+
+    import forked
+
+    (tmp_path / "r.toml").write_text(MICRO)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in command]
+    proc = forked.run(code=LIMITED, args=[str(limit), *argv], cwd=Path.cwd(), env=dict(os.environ))
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"error: cannot write {target.replace('{tmp}', str(tmp_path))}: File too large (nothing was written)", proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -263,24 +263,35 @@ def creatable_parent(path: Path, named: str | Path | None = None) -> None:
         raise ConfigError(f"cannot create {named or path}: {parent} is not a directory")
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """OSError ENOSPC/EDQUOT, or a library's wrapped one (safetensors reports 'StorageFull' in its text)."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(exc)
-    return "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text
+# What only a write can fail with: a full disk or quota, the file-size limit (`ulimit -f`), a read-only mount.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+def write_errno(exc: BaseException) -> int | None:
+    """The errno of a failed write: an OSError's own, or the one a library wraps in its text (safetensors says
+    'I/O error: File too large (os error 27)'); None for anything else."""
+    if isinstance(exc, OSError):
+        code = exc.errno
+    else:
+        text = str(exc)
+        found = re.search(r"\(os error (\d+)\)", text)
+        code = int(found.group(1)) if found else errno.ENOSPC if "No space left on device" in text or "Disk quota exceeded" in text else None
+    return code if code in WRITE_ERRNOS else None
 
 
 @contextmanager
-def disk_full_as_error(target: Path) -> Iterator[None]:
-    """Turn a full file system while writing `target` into one DiskFullError line."""
+def write_errors_as_error(target: Path) -> Iterator[None]:
+    """Turn a failed write of `target` (full disk, file-size limit, read-only file system) into one line naming it."""
     try:
         yield
     except QuantdiffError:
         raise
     except Exception as exc:
-        if is_disk_full(exc):
+        code = write_errno(exc)
+        if code in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(f"no space left on device while writing {target} (nothing was written)") from None
+        if code is not None:
+            raise DiskFullError(f"cannot write {target}: {os.strerror(code)} (nothing was written)") from None
         raise
 
 
@@ -300,7 +311,7 @@ def atomic_file(path: str | Path, force: bool = False, flag: str = "output") -> 
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     kept = False
     try:
-        with disk_full_as_error(path):
+        with write_errors_as_error(path):
             yield tmp
             os.chmod(tmp, mode)
             install_file(tmp, path, force, flag)

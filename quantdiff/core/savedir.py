@@ -26,7 +26,7 @@ from quantdiff.core.atomic import (
     KeptOutput,
     check_name_length,
     default_mode,
-    disk_full_as_error,
+    write_errors_as_error,
     followed,
     keep_temporary,
     refuse_keeping,
@@ -164,7 +164,7 @@ def atomic_dir(
     tmp.mkdir(mode=0o700)
     kept = False
     try:
-        with disk_full_as_error(out):
+        with write_errors_as_error(out):
             mark(tmp, kind)
             yield tmp
             mark(tmp, kind)

@@ -135,3 +135,18 @@ def test_a_file_size_limit_is_one_line_naming_the_output(tmp_path, command, limi
     last = proc.stderr.strip().splitlines()[-1]
     assert last == f"error: cannot write {target.replace('{tmp}', str(tmp_path))}: File too large (nothing was written)", proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ---- decided: a dangling --out link writes its target, and creates no directory on the far side --------------------
+
+def test_a_dangling_out_link_creates_no_directories_outside_the_tree(tmp_path, capsys):
+    (tmp_path / "tree").mkdir()
+    link = tmp_path / "tree" / "q"
+    link.symlink_to(tmp_path / "outside" / "deep" / "q")
+    err = _fails(capsys, ["quantize", "tiny/diff", "--out", link, "--bits", "8"])
+    assert "is a dangling symlink to" in err and "refusing to create directories through a link" in err
+    assert not (tmp_path / "outside").exists() and link.is_symlink()
+    json_link = tmp_path / "tree" / "s.json"
+    json_link.symlink_to(tmp_path / "outside" / "s.json")
+    assert "whose directory does not exist" in _fails(capsys, ["stats", "tiny/diff", "--tokens", "128", "--quiet", "--json", json_link])
+    assert not (tmp_path / "outside").exists()

@@ -223,7 +223,8 @@ def default_mode(directory: bool = False) -> int:
 
 
 def followed(path: str | Path) -> Path:
-    """A symlink's final target (a dangling link: where it leads, which a write creates); a symlink loop leads
+    """A symlink's final target (a dangling link: where it leads, which a write creates when that directory
+    exists, and only then); a symlink loop leads
     nowhere and is refused (replacing it would destroy the link instead of writing anywhere)."""
     path = Path(path)
     if not path.is_symlink():
@@ -231,7 +232,11 @@ def followed(path: str | Path) -> Path:
     try:
         return Path(os.path.realpath(path, strict=True))
     except FileNotFoundError:
-        return Path(os.path.realpath(path))
+        target = Path(os.path.realpath(path))
+        if not target.parent.is_dir():  # as the shell's `>` does: a link may name a new file, never new directories
+            raise ConfigError(f"output path {path} is a dangling symlink to {target}, whose directory does not exist: "
+                              "refusing to create directories through a link") from None
+        return target
     except OSError:
         raise ConfigError(f"output path {path} is a symlink loop (it leads to no file): refusing to write there") from None
 

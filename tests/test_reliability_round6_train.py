@@ -1,7 +1,9 @@
-"""Issue 53, round 6, training: a checkpoint is resumed only when it is what the run saved.
+"""Issue 53, round 6: training checkpoints, markers, and the writers' one boundary.
 
-Each test fails on 505bb40: a flipped byte resumed silently, a NaN tensor read as divergence, a null training
-loss was resumed as NaN, and a checkpoint without hashes resumed without a word.
+Each test fails on 505bb40: a flipped checkpoint byte resumed silently, a NaN tensor read as divergence, a null
+training loss was resumed as NaN, a checkpoint without hashes resumed without a word, tied embeddings under the
+transformers init crashed at the first checkpoint, a truncated marker read as "no marker", EFBIG was an internal
+error, and `--out` through a dangling link created directories outside the tree.
 """
 
 from __future__ import annotations

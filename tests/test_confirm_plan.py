@@ -10,10 +10,12 @@ import importlib.util
 import json
 import os
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from quantdiff.core.documents import read_document
 from quantdiff.core.errors import ConfigError
@@ -114,7 +116,11 @@ TINY_PLAN = (ROOT / "recipes" / "confirm-bb.toml").read_text().replace(
     "seeds = [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]", "seeds = [30, 31]").replace("seed = 12\n", "seed = 30\n")
 FINDINGS = ["recipe unchanged since the plan commit", "plan commit is an ancestor of HEAD",
             "every planned seed × arm trained, and nothing else", "every model trained from the plan commit's recipe",
-            "every model written after the plan commit"]
+            "every model loads, and no two seeds of an arm hold the same weights",
+            "every model's train log names its directory's seed",
+            "every model's train log records its provenance (commit, start, finish)",
+            "every start and resume ran committed code that contains the plan commit",
+            "every model started training after the plan commit"]
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -123,7 +129,8 @@ def _git(repo: Path, *args: str) -> str:
 
 @pytest.fixture
 def planned(tmp_path) -> tuple[Path, Path, Path]:
-    """(repository, its committed recipe, a run trained after the commit from exactly that recipe)."""
+    """(repository, its committed recipe, a run trained after the commit from exactly that recipe, by code that
+    contains it)."""
     repo = tmp_path / "repo"
     (repo / "recipes").mkdir(parents=True)
     recipe = repo / "recipes" / "plan.toml"
@@ -131,20 +138,34 @@ def planned(tmp_path) -> tuple[Path, Path, Path]:
     _git(repo, "init", "-q")
     _git(repo, "add", "recipes/plan.toml")
     _git(repo, "commit", "-q", "-m", "the plan")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "the code that trained")
     after = int(_git(repo, "show", "-s", "--format=%ct", "HEAD")) + 10
     run = tmp_path / "run"
     for seed in (30, 31):
         for arm in load_recipe(recipe).arm_names:
-            _model(run, seed, arm, after)
+            _model(run, seed, arm, after, commit=_git(repo, "rev-parse", "HEAD"))
     return repo, recipe, run
 
 
-def _model(run: Path, seed: int, arm: str, written: float, recipe: str = TINY_PLAN) -> None:
+def _utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _model(run: Path, seed: int, arm: str, started: float, recipe: str = TINY_PLAN, commit: str | None = None) -> None:
+    """A model directory as `quantdiff train` writes one: weights that differ by seed, config, recipe and log."""
     d = run / f"seed-{seed}" / arm
     d.mkdir(parents=True, exist_ok=True)
     (d / "recipe.toml").write_text(recipe)
-    (d / "model.safetensors").write_bytes(b"weights")
-    os.utime(d / "model.safetensors", (written, written))
+    (d / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    save_file({"w": torch.full((2,), float(seed))}, d / "model.safetensors")
+    history = [{"at": _utc(started), "from_step": 0, "git_commit": commit, "git_dirty": False}]
+    log = {"seed": seed, "git_commit": commit, "git_dirty": False, "started_at": _utc(started), "finished_at": _utc(started + 60), "history": history}
+    (d / "train_log.json").write_text(json.dumps(log))
+
+
+def _edit_log(run: Path, model: str, **fields) -> None:
+    path = run / model / "train_log.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | fields))
 
 
 def _failed(result: dict) -> list[str]:
@@ -155,7 +176,7 @@ def test_plan_check_passes_a_run_trained_from_the_committed_plan_after_it(planne
     repo, recipe, run = planned
     result = plan_check.check(recipe, run, repo)
     assert list(result["findings"]) == FINDINGS and result["passed"] and _failed(result) == []
-    assert result["plan_commit"] == _git(repo, "rev-parse", "HEAD") and result["models"] == 12
+    assert result["plan_commit"] == _git(repo, "rev-parse", "HEAD~1") and result["models"] == 12
     assert (result["missing"], result["unplanned"], result["recipe_differs"]) == ([], [], [])
 
 
@@ -168,21 +189,78 @@ def test_plan_check_fails_a_model_trained_from_another_recipe(planned):
 
 def test_plan_check_fails_a_missing_and_an_unplanned_model(planned):
     repo, recipe, run = planned
-    after = (run / "seed-30" / "diff" / "model.safetensors").stat().st_mtime
     (run / "seed-30" / "diff" / "model.safetensors").unlink()
     result = plan_check.check(recipe, run, repo)
     assert _failed(result) == ["every planned seed × arm trained, and nothing else"] and result["missing"] == ["seed-30/diff"]
-    _model(run, 30, "diff", after)
-    _model(run, 32, "diff", after)  # a seed added after the plan
+    after = int(_git(repo, "show", "-s", "--format=%ct", "HEAD")) + 10
+    _model(run, 30, "diff", after, commit=_git(repo, "rev-parse", "HEAD"))
+    _model(run, 32, "diff", after, commit=_git(repo, "rev-parse", "HEAD"))  # a seed added after the plan
     result = plan_check.check(recipe, run, repo)
     assert _failed(result) == ["every planned seed × arm trained, and nothing else"] and result["unplanned"] == ["seed-32/diff"]
 
 
-def test_plan_check_fails_a_model_written_before_the_plan(planned):
+def test_plan_check_fails_a_model_started_before_the_plan_whatever_its_file_times(planned):
     repo, recipe, run = planned
-    before = int(_git(repo, "show", "-s", "--format=%ct", "HEAD")) - 60
-    os.utime(run / "seed-30" / "standard" / "model.safetensors", (before, before))
-    assert _failed(plan_check.check(recipe, run, repo)) == ["every model written after the plan commit"]
+    before = int(_git(repo, "show", "-s", "--format=%ct", "HEAD~1")) - 60
+    _edit_log(run, "seed-30/standard", started_at=_utc(before))
+    assert _failed(plan_check.check(recipe, run, repo)) == ["every model started training after the plan commit"]
+    os.utime(run / "seed-30" / "standard" / "model.safetensors", (before, before))  # file times are not read
+    _edit_log(run, "seed-30/standard", started_at=_utc(before + 3600))
+    assert plan_check.check(recipe, run, repo)["passed"]
+
+
+def test_plan_check_fails_code_without_the_plan_or_with_uncommitted_changes_and_lists_resumes(planned, capsys, monkeypatch, tmp_path):
+    repo, recipe, run = planned
+    other = _git(repo, "commit-tree", "HEAD^{tree}", "-m", "code that never saw the plan")  # no parent: not after the plan
+    start = json.loads((run / "seed-31" / "sink" / "train_log.json").read_text())["history"][0]
+    resume = {"at": start["at"], "from_step": 600, "git_commit": other, "git_dirty": False}
+    _edit_log(run, "seed-31/sink", history=[start, resume])
+    result = plan_check.check(recipe, run, repo)
+    assert _failed(result) == ["every start and resume ran committed code that contains the plan commit"] and result["code_without_plan"] == ["seed-31/sink"]
+    assert [e["from_step"] for e in result["starts"]["seed-31/sink"]] == [0, 600]
+    _edit_log(run, "seed-31/sink", history=[start, resume | {"git_commit": start["git_commit"], "git_dirty": True}])
+    result = plan_check.check(recipe, run, repo)
+    assert _failed(result) == ["every start and resume ran committed code that contains the plan commit"] and result["uncommitted_code"] == ["seed-31/sink"]
+    _edit_log(run, "seed-31/sink", history=[start, resume | {"git_commit": start["git_commit"]}])
+    monkeypatch.setattr(plan_check, "ROOT", repo)
+    monkeypatch.setattr("sys.argv", ["plan_check.py", str(recipe), str(run), "--out", str(tmp_path / "check.json")])
+    assert plan_check.main() == 0
+    assert f"seed-31/sink: started {start['at']}, resumed at steps 600" in capsys.readouterr().out.splitlines()
+    assert json.loads((tmp_path / "check.json").read_text())["starts"]["seed-31/sink"][1]["from_step"] == 600
+
+
+def test_plan_check_reports_logs_without_provenance_as_not_recorded(planned):
+    """A run trained before train logs recorded their code and times: not passed on file times."""
+    repo, recipe, run = planned
+    for log in run.glob("seed-*/*/train_log.json"):
+        log.write_text(json.dumps({"seed": int(log.parent.parent.name.removeprefix("seed-"))}))
+    result = plan_check.check(recipe, run, repo)
+    assert not result["passed"] and len(result["provenance_not_recorded"]) == 12 and result["first_model_written_at"] is None
+    assert _failed(result) == FINDINGS[6:]
+
+
+def test_plan_check_fails_identical_seeds_and_a_log_of_another_seed(planned):
+    repo, recipe, run = planned
+    (run / "seed-31" / "diff" / "model.safetensors").write_bytes((run / "seed-30" / "diff" / "model.safetensors").read_bytes())
+    _edit_log(run, "seed-30/gated", seed=31)
+    result = plan_check.check(recipe, run, repo)
+    assert _failed(result) == FINDINGS[4:6]
+    assert result["identical_weights"] == ["seed-30/diff", "seed-31/diff"] and result["log_seed_differs"] == ["seed-30/gated"]
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda run: (run / "seed-abc").mkdir(), "seed-abc is not a seed directory"),
+    (lambda run: (run / "seed-32").symlink_to(run / "seed-30"), "seed-32 is a symlink"),
+    (lambda run: ((run / "seed-31" / "diff" / "model.safetensors").unlink(),
+                  (run / "seed-31" / "diff" / "model.safetensors").symlink_to(run / "seed-30" / "diff" / "model.safetensors")), "model.safetensors is a symlink"),
+    (lambda run: (run / "seed-31" / "diff" / "model.safetensors").write_bytes(b"weights"), "diff is not a model: it does not load"),
+], ids=["seed-abc", "symlinked-seed", "symlinked-weights", "not-a-model"])
+def test_plan_check_refuses_what_is_not_a_seed_or_not_a_model_in_one_line(planned, damage, words):
+    repo, recipe, run = planned
+    damage(run)
+    with pytest.raises(SystemExit, match=words) as info:
+        plan_check.check(recipe, run, repo)
+    assert str(info.value).startswith("error: ") and "\n" not in str(info.value)
 
 
 def test_plan_check_fails_a_plan_changed_after_its_commit(planned):
@@ -191,7 +269,7 @@ def test_plan_check_fails_a_plan_changed_after_its_commit(planned):
     assert _failed(plan_check.check(recipe, run, repo)) == ["recipe unchanged since the plan commit"]
     _git(repo, "commit", "-q", "-am", "a later change to the plan")  # edited and committed: the plan is still the first commit
     result = plan_check.check(recipe, run, repo)
-    assert _failed(result) == ["recipe unchanged since the plan commit"] and result["plan_commit"] == _git(repo, "rev-parse", "HEAD~1")
+    assert _failed(result) == ["recipe unchanged since the plan commit"] and result["plan_commit"] == _git(repo, "rev-parse", "HEAD~2")
 
 
 def test_plan_check_refuses_a_recipe_outside_the_repository_or_never_committed(planned, tmp_path):

@@ -618,7 +618,7 @@ RESUME_CASES = [
     ("step-negative", _state_edit(step=-50), "step -50 is not a whole number in 0..6"),
     ("step-beyond-recipe", _state_edit(step=10**9), "step 1000000000 is not a whole number in 0..6"),
     ("step-string", _state_edit(step="abc"), "step 'abc'"),
-    ("step-not-its-curves", _state_edit(step=2), "loss of standard must hold one number per step (2)"),
+    ("step-not-its-curves", _state_edit(step=2), "loss of standard must hold one finite number per step (2)"),
     ("loss-string", _state_edit(loss="nope"), "loss must map standard and diff to lists"),
     ("loss-entry-string", _state_edit(loss={"standard": ["x"] * 3, "diff": [1.0] * 3}), "loss of standard"),
     ("held-out-wrong-steps", _state_edit(held_out={"standard": [[2, 1.0]], "diff": [[3, 1.0]]}), "held_out of standard"),
@@ -647,7 +647,8 @@ def test_a_resumed_state_is_checked_against_the_recipe(interrupted_run, tmp_path
 
 
 def test_a_resumed_state_as_written_still_resumes(interrupted_run, tmp_path, monkeypatch):
-    """The checks accept what a run writes, a diverged step's null loss included (read back as NaN)."""
+    """The checks accept what a run writes, a null held-out loss included (measured, not guarded: read back as
+    NaN). A training loss is never null: the run stops at the first non-finite one (test_reliability_round6_train)."""
     import math
 
     from quantdiff.train.loop import Checkpoint
@@ -658,10 +659,11 @@ def test_a_resumed_state_as_written_still_resumes(interrupted_run, tmp_path, mon
     checkpoint = Checkpoint(tmp_path / "w" / "run")
     state = json.loads((checkpoint.dir / "state.json").read_text())
     assert state["step"] == 3 and len(state["loss"]["diff"]) == 3
-    state["loss"]["diff"][1] = None
+    assert [s for s, _ in state["held_out"]["diff"]] == [3]
+    state["held_out"]["diff"][0][1] = None
     (checkpoint.dir / "state.json").write_text(json.dumps(state))
     loaded = checkpoint.load_state(parse_recipe(RECIPE, "r"))
-    assert loaded["step"] == 3 and math.isnan(loaded["loss"]["diff"][1])
+    assert loaded["step"] == 3 and math.isnan(loaded["held_out"]["diff"][0][1])
 
 
 def test_needle_documents_are_checked_in_tokens_before_training(tmp_path, capsys, monkeypatch):

@@ -223,7 +223,8 @@ def default_mode(directory: bool = False) -> int:
 
 
 def followed(path: str | Path) -> Path:
-    """A symlink's final target (a dangling link: where it leads, which a write creates); a symlink loop leads
+    """A symlink's final target (a dangling link: where it leads, which a write creates when that directory
+    exists, and only then); a symlink loop leads
     nowhere and is refused (replacing it would destroy the link instead of writing anywhere)."""
     path = Path(path)
     if not path.is_symlink():
@@ -231,7 +232,11 @@ def followed(path: str | Path) -> Path:
     try:
         return Path(os.path.realpath(path, strict=True))
     except FileNotFoundError:
-        return Path(os.path.realpath(path))
+        target = Path(os.path.realpath(path))
+        if not target.parent.is_dir():  # as the shell's `>` does: a link may name a new file, never new directories
+            raise ConfigError(f"output path {path} is a dangling symlink to {target}, whose directory does not exist: "
+                              "refusing to create directories through a link") from None
+        return target
     except OSError:
         raise ConfigError(f"output path {path} is a symlink loop (it leads to no file): refusing to write there") from None
 
@@ -263,24 +268,35 @@ def creatable_parent(path: Path, named: str | Path | None = None) -> None:
         raise ConfigError(f"cannot create {named or path}: {parent} is not a directory")
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """OSError ENOSPC/EDQUOT, or a library's wrapped one (safetensors reports 'StorageFull' in its text)."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(exc)
-    return "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text
+# What only a write can fail with: a full disk or quota, the file-size limit (`ulimit -f`), a read-only mount.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+def write_errno(exc: BaseException) -> int | None:
+    """The errno of a failed write: an OSError's own, or the one a library wraps in its text (safetensors says
+    'I/O error: File too large (os error 27)'); None for anything else."""
+    if isinstance(exc, OSError):
+        code = exc.errno
+    else:
+        text = str(exc)
+        found = re.search(r"\(os error (\d+)\)", text)
+        code = int(found.group(1)) if found else errno.ENOSPC if "No space left on device" in text or "Disk quota exceeded" in text else None
+    return code if code in WRITE_ERRNOS else None
 
 
 @contextmanager
-def disk_full_as_error(target: Path) -> Iterator[None]:
-    """Turn a full file system while writing `target` into one DiskFullError line."""
+def write_errors_as_error(target: Path) -> Iterator[None]:
+    """Turn a failed write of `target` (full disk, file-size limit, read-only file system) into one line naming it."""
     try:
         yield
     except QuantdiffError:
         raise
     except Exception as exc:
-        if is_disk_full(exc):
+        code = write_errno(exc)
+        if code in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(f"no space left on device while writing {target} (nothing was written)") from None
+        if code is not None:
+            raise DiskFullError(f"cannot write {target}: {os.strerror(code)} (nothing was written)") from None
         raise
 
 
@@ -300,7 +316,7 @@ def atomic_file(path: str | Path, force: bool = False, flag: str = "output") -> 
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     kept = False
     try:
-        with disk_full_as_error(path):
+        with write_errors_as_error(path):
             yield tmp
             os.chmod(tmp, mode)
             install_file(tmp, path, force, flag)

@@ -26,7 +26,7 @@ from quantdiff.core.atomic import (
     KeptOutput,
     check_name_length,
     default_mode,
-    disk_full_as_error,
+    write_errors_as_error,
     followed,
     keep_temporary,
     refuse_keeping,
@@ -116,6 +116,9 @@ def check_target(
         if not force:
             raise ConfigError(f"{flag} {named} is not empty (use --force to replace it)")
         found = marked_kind(out)
+        if found is None and (out / MARKER).exists():  # a truncated or edited marker is not "no marker"
+            raise ConfigError(f"{flag} {named} has a damaged {MARKER} (not the JSON quantdiff writes): refusing to replace it, even with --force "
+                              "(remove it yourself)")
         if found is None:
             raise ConfigError(f"{flag} {named} was not written by quantdiff (no {MARKER}): refusing to replace it, even with --force")
         if found != kind:
@@ -161,7 +164,7 @@ def atomic_dir(
     tmp.mkdir(mode=0o700)
     kept = False
     try:
-        with disk_full_as_error(out):
+        with write_errors_as_error(out):
             mark(tmp, kind)
             yield tmp
             mark(tmp, kind)

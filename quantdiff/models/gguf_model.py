@@ -22,7 +22,7 @@ from typing import Iterator
 
 from huggingface_hub.errors import StrictDataclassError
 
-from quantdiff.core.atomic import disk_full_as_error, remove_stale_temporaries, temporary_path, write_json
+from quantdiff.core.atomic import write_errors_as_error, remove_stale_temporaries, temporary_path, write_json
 from quantdiff.core.cache import cache_dir, cache_lock
 from quantdiff.core.errors import ConfigError, DiskFullError, LoadError
 from quantdiff.models.gguf_header import check_header_counts
@@ -121,7 +121,7 @@ def private_copy(path: Path) -> Iterator[tuple[Path, str]]:
     scratch.mkdir(mode=0o700)
     try:
         copy = scratch / path.name
-        with disk_full_as_error(copy):
+        with write_errors_as_error(copy):
             with path.open("rb") as src, copy.open("wb") as dst:
                 digest = hashlib.sha256()
                 for chunk in iter(lambda: src.read(1 << 20), b""):

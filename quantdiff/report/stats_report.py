@@ -172,7 +172,7 @@ def write_plots(directory: str | Path, named: Sequence[tuple[str, ModelStats]], 
     tmp.mkdir(mode=0o700)
     installed: list[Path] = []
     try:
-        with atomic.disk_full_as_error(directory):
+        with atomic.write_errors_as_error(directory):
             for path in _plot_into(tmp, named, plt):
                 _install_plot(path, directory, force)
                 installed.append(directory / path.name)

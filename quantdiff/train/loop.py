@@ -53,6 +53,7 @@ from quantdiff.models.init import fold
 from quantdiff.models.pairs import budget_matched, build_model, kind_configs, lambda_parameter_count, parameter_count
 from quantdiff.train.recipe import ArmConfig, Recipe, TrainConfig, check_needles_fit, curriculum
 from quantdiff.core.atomic import json_text
+from quantdiff.core.manifest import file_sha256
 from quantdiff.core.manifest import write_manifest
 from quantdiff.core.savedir import atomic_dir
 from quantdiff.data.needles import Filler, NeedleExample, make_needle_example, most_document_tokens, vocabulary_text
@@ -237,8 +238,12 @@ def retrieval_exact_match(model: PreTrainedModel, tokenizer: PreTrainedTokenizer
     return sum(matches) / len(matches)
 
 
+HASHES = "sha256.json"  # in a checkpoint: {"<arm>.safetensors": sha256}, checked before a resume loads them
+
+
 class Checkpoint:
-    """OUT/.checkpoint/: tokenizer/, <arm>.safetensors (weights + optimizer moments), state.json (step, curves)."""
+    """OUT/.checkpoint/: tokenizer/, <arm>.safetensors (weights + optimizer moments), sha256.json (their
+    digests), state.json (step, curves)."""
 
     def __init__(self, out: Path):
         self.dir = out / CHECKPOINT
@@ -250,8 +255,12 @@ class Checkpoint:
         with atomic_dir(self.dir, force=True, kind="checkpoint") as tmp:
             save_tokenizer(tokenizer, tmp / "tokenizer")
             for kind, model in models.items():
-                weights = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+                # cloned: tied embeddings share one tensor under two names, which safetensors refuses to save
+                weights = {f"model.{k}": v.detach().cpu().clone(memory_format=torch.contiguous_format) for k, v in model.state_dict().items()}
                 save_file(weights | optimizer_tensors(*optimizers[kind]), tmp / f"{kind}.safetensors")
+            # a resume refuses a tensor file whose bytes changed since this save (a flipped byte loads silently)
+            digests = {f"{kind}.safetensors": file_sha256(tmp / f"{kind}.safetensors") for kind in models}
+            (tmp / HASHES).write_text(json_text(digests, indent=1))
             (tmp / "state.json").write_text(json_text(state, indent=None))
 
     def load_state(self, recipe: Recipe) -> dict:
@@ -269,15 +278,40 @@ class Checkpoint:
             reason = " ".join(str(exc).split())[:200]
             raise LoadError(f"corrupt training checkpoint {self.dir}: its tokenizer does not load ({type(exc).__name__}: {reason}); remove it or pass --force") from None
 
-    def restore(self, models, optimizers) -> None:
+    def recorded_hashes(self) -> dict[str, str] | None:
+        """{file: sha256} as save() recorded it; None for a checkpoint written before hashes were recorded."""
+        path = self.dir / HASHES
+        if not path.exists():
+            return None
+        try:
+            digests = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise LoadError(f"corrupt training checkpoint {path}: unreadable ({type(exc).__name__}); remove it or pass --force") from None
+        if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+            raise LoadError(f"corrupt training checkpoint {path}: not a map of file names to sha256; remove it or pass --force")
+        return digests
+
+    def restore(self, models, optimizers) -> str | None:
+        """Load every arm's weights and optimizer moments; returns a warning for a checkpoint without hashes."""
+        digests = self.recorded_hashes()
+        for kind in models:
+            path = self.dir / f"{kind}.safetensors"
+            if digests is not None and (path.name not in digests or not path.is_file() or file_sha256(path) != digests[path.name]):
+                raise LoadError(f"corrupt training checkpoint {path}: its sha256 differs from the one recorded when it was saved; remove it or pass --force")
         for kind, model in models.items():
             try:
                 tensors = load_file(self.dir / f"{kind}.safetensors")
+                bad = next((name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+                if bad is not None:  # save() never writes one (guards.check_weights): the file was damaged since
+                    raise ValueError(f"tensor {bad} holds NaN or Inf")
                 model.load_state_dict({k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")})
                 load_optimizer_tensors(*optimizers[kind], {k: v for k, v in tensors.items() if k.startswith("optim.")})
             except (SafetensorError, OSError, RuntimeError, KeyError, ValueError) as exc:
                 reason = " ".join(str(exc).split())[:200]
                 raise LoadError(f"corrupt training checkpoint {self.dir / f'{kind}.safetensors'}: {reason}; remove it or pass --force") from None
+        if digests is None:
+            return f"warning: the checkpoint in {self.dir} records no sha256 of its tensor files (written before quantdiff recorded them): resuming unverified"
+        return None
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -363,8 +397,8 @@ def start_run(recipe: Recipe, out: Path, checkpoint: Checkpoint, force: bool, co
     # In training form: the init's parametrisations (models.init) stay until finish() folds them; checkpoints hold them
     models = {arm.name: build_model(arm_configs[arm.name], cfg.seed, "sdpa", cfg.init, reparametrised=True).to(device).train() for arm in recipe.arms}
     optimizers = {arm.name: make_optimizer(models[arm.name], cfg, arm) for arm in recipe.arms}
-    if state:
-        checkpoint.restore(models, optimizers)
+    if state and (unverified := checkpoint.restore(models, optimizers)):
+        console.print(unverified)
     console.print("parameters: " + "  ".join(
         f"{arm.name} ({arm.kind}, {arm.optimizer}) {parameter_count(models[arm.name]):,}"
         + (f" incl. λ {lambda_parameter_count(models[arm.name]):,}" if lambda_parameter_count(models[arm.name]) else "")

@@ -24,7 +24,9 @@ def utc_now() -> str:
 
 def _git(*args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(_SOURCE), *args], capture_output=True, text=True, timeout=30, check=False)
+        # --no-optional-locks: `git status` would otherwise refresh the index under index.lock, and a write that
+        # fails there (a file-size limit, a full disk) leaves the lock behind and blocks the user's own git
+        done = subprocess.run(["git", "--no-optional-locks", "-C", str(_SOURCE), *args], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None

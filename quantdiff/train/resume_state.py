@@ -31,7 +31,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_loss(value: Any) -> bool:
-    """A logged loss: a number, or null (a diverged step's NaN, which strict JSON writes as null)."""
+    """A held-out loss: a number, or null (measured, not guarded: a NaN one, which strict JSON writes as null)."""
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
@@ -43,8 +43,10 @@ def _is_start(entry: Any) -> bool:
             and (entry["git_dirty"] is None or isinstance(entry["git_dirty"], bool)))
 
 
-def _nan_for_null(values: list) -> list[float]:
-    return [math.nan if v is None else float(v) for v in values]
+def _is_training_loss(value: Any) -> bool:
+    """A training loss as the run logs it: always finite (train.guards stops at the first non-finite loss, before
+    any checkpoint), so a null or NaN there is damage, not a diverged step."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _per_arm(state: dict, name: str, arms: tuple[str, ...]) -> dict[str, list]:
@@ -74,8 +76,8 @@ def _check_fields(state: Any, recipe: Recipe) -> dict:
         raise ValueError(f"elapsed_s {elapsed!r} is not a non-negative number of seconds")
     losses = _per_arm(state, "loss", recipe.arm_names)
     for kind, curve in losses.items():
-        if len(curve) != step or not all(_is_loss(v) for v in curve):
-            raise ValueError(f"loss of {kind} must hold one number per step ({step})")
+        if len(curve) != step or not all(_is_training_loss(v) for v in curve):
+            raise ValueError(f"loss of {kind} must hold one finite number per step ({step})")
     evals = list(range(cfg.eval_every, step + 1, cfg.eval_every))
     held_out = _per_arm(state, "held_out", recipe.arm_names)
     for kind, curve in held_out.items():
@@ -91,7 +93,7 @@ def _check_fields(state: Any, recipe: Recipe) -> dict:
         raise ValueError("history must hold {at, from_step, git_commit, git_dirty} for each start")
     return {
         **state,
-        "loss": {kind: _nan_for_null(curve) for kind, curve in losses.items()},
+        "loss": {kind: [float(v) for v in curve] for kind, curve in losses.items()},
         "held_out": {kind: [[s, math.nan if v is None else float(v)] for s, v in curve] for kind, curve in held_out.items()},
         "outliers": outliers,
     }

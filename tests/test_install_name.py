@@ -19,11 +19,10 @@ DOCS = {name: (ROOT / name).read_text() for name in ("README.md", "docs/install.
 
 
 def library_install_commands() -> list[list[str]]:
-    """The pip install commands of the README's "As a library" code block."""
+    """The pip install commands of the README's "As a library" paragraph."""
     readme = DOCS["README.md"]
-    section = readme[readme.index("**As a library**"):]
-    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
-    return [shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("pip install")]
+    paragraph = readme[readme.index("**As a library**"):].split("\n\n")[0]
+    return [shlex.split(command) for command in re.findall(r"`(pip install [^`]*)`", paragraph)]
 
 
 def test_the_readme_says_how_to_install_quantdiff_as_a_library():
@@ -58,6 +57,5 @@ def test_no_instruction_installs_the_registrys_quantdiff():
             assert not registry, f"{name}: {command!r} installs the registry's quantdiff, another project"
 
 
-def test_the_wheel_the_readme_names_is_the_one_pip_builds():
-    readme = DOCS["README.md"]
-    assert f"dist/quantdiff-{PROJECT['version']}-py3-none-any.whl" in readme
+def test_docs_name_the_wheel_pip_builds():
+    assert f"dist/quantdiff-{PROJECT['version']}-py3-none-any.whl" in DOCS["docs/install.md"]

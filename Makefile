@@ -28,6 +28,7 @@ test-isolation: setup
 lock:
 	bash scripts/lock.sh
 
-# The fast subset against the lowest and the newest transformers that pyproject.toml allows.
+# The fast subset in throwaway venvs: transformers at both ends of its range, torch 2.14.1 and 2.15.0 (the registry's
+# CUDA wheels, run on the CPU; never installed by setup), every requirement at its lower bound (scripts/tested_ranges.sh).
 ranges: setup
 	bash scripts/tested_ranges.sh

@@ -46,6 +46,12 @@ _API = {
 
 __all__ = ["__version__", *_API]
 
+# once per process: a warning (never a refusal) when torch or transformers is newer than the newest release tested
+from quantdiff.core.versions import warn_if_untested  # noqa: E402
+
+warn_if_untested()
+del warn_if_untested
+
 
 def __getattr__(name: str) -> Any:
     if name not in _API:

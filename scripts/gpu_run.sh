@@ -349,10 +349,7 @@ step probe "$(left 60)" "$PY" -m quantdiff train "$recipe" --out "$work/probe" -
 if [ ! -e "$work/done/sizing" ] && [ -e "$work/done/probe" ]; then
   "$PY" - "$work" "$recipe" "$PROBE_STEPS" "$SECONDS" "$BUDGET_S" "$TRAIN_S" "$RESERVE_S" "$MIN_STEPS" "$MAX_STEPS" <<'EOF' && touch "$work/done/sizing"
 import json, os, sys
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+import tomllib
 work, recipe = sys.argv[1:3]
 probe_steps, elapsed, budget, train_s, reserve, min_steps = map(int, sys.argv[3:9])
 # The recipe's steps, read as TOML (the probe has checked the recipe; quantdiff.train.recipe imports transformers).

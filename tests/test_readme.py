@@ -24,6 +24,7 @@ README_MAX_LINES = 200  # one page to start: the reference lives in docs/
 SKIPPED = {
     "make reproduce": "minutes: `quantdiff reproduce` end to end is tested by test_reproduce.py",
     "make test": "runs this very suite",
+    "pip install": "installs into the suite's own environment: test_install_name.py runs the README's line through pip's resolver (--dry-run)",
     "OMP_WAIT_POLICY=PASSIVE python benchmarks/stats_bench.py": "a benchmark (minutes, timings): its section 6 runs in the gpu_run --smoke test (test_gpu_run.py)",
     "bash scripts/gpu_run.sh": "minutes, or the network (--pack): the script's --smoke run is tested by test_gpu_run.py",
     "quantdiff stats MY_MODEL": "MY_MODEL stands for the reader's own model",

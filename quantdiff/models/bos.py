@@ -78,10 +78,7 @@ def decide_bos(model_dir: str | Path, tokenizer, mode: str = "auto") -> BosChoic
 
 def _recipe_bos(model_dir: Path) -> bool | None:
     """A quantdiff-trained model's `[train] bos` (absent: false, the recipe default); None without a recipe."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    import tomllib
 
     path = model_dir / RECIPE_FILE
     if not path.is_file():

@@ -16,16 +16,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import sys
 from bisect import bisect_left
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+import tomllib
 
 import torch
 

@@ -77,12 +77,7 @@ def with_settings(source: str, settings: list[str]) -> str:
     """Recipe text with each SECTION.KEY=VALUE set: the key's line replaced, or added at the top of its section
     (the section appended if absent). Text rather than parsed values, so that the recipe.toml saved beside the
     models, which resuming and `reproduce` read, is exactly what trained them."""
-    import sys
-
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
+    import tomllib
 
     from quantdiff.core.errors import ConfigError
     from quantdiff.train.recipe_types import toml_text

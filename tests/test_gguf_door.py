@@ -72,8 +72,8 @@ MALFORMED = {  # id: (bytes of the good file -> bad bytes, words of the refusal)
 
 @pytest.mark.parametrize("name", MALFORMED)
 def test_a_malformed_gguf_is_one_line_naming_the_users_file(tmp_path, cache, capsys, name):
-    """On 505bb40 the lower tensor count and the moved offset loaded NaN / 1e38 weights and `info` exited 0; the
-    counts ±1 ended in "IndexError: index 0 is out of bounds"; hostile dimensions in numpy's wording."""
+    """On 505bb40 the offset moved by 4 loaded shifted weights and `info` exited 0; the counts ±1 ended in
+    "IndexError: index 0 is out of bounds"; hostile dimensions and types in numpy's or gguf's wording."""
     make, words = MALFORMED[name]
     good = tmp_path / "good.gguf"
     _tiny_llama_gguf(good)
@@ -88,11 +88,12 @@ def test_a_malformed_gguf_is_one_line_naming_the_users_file(tmp_path, cache, cap
 
 
 def test_the_python_api_refuses_it_naming_the_users_file(tmp_path, cache):
+    """The offset moved by 4 bytes loaded on 505bb40, every weight of the first tensor shifted by one."""
     good = tmp_path / "good.gguf"
     _tiny_llama_gguf(good)
     file = tmp_path / "model.gguf"
-    file.write_bytes(_counts(good.read_bytes(), tensors=-1))
-    with pytest.raises(quantdiff.QuantdiffError) as raised:
+    file.write_bytes(MALFORMED["offset-moved-4"][0](good.read_bytes()))
+    with pytest.raises(quantdiff.QuantdiffError, match="lies at data offset 4") as raised:
         quantdiff.load(file, device="cpu")
     assert str(file) in str(raised.value) and str(cache) not in str(raised.value) and "\n" not in str(raised.value)
 

@@ -59,7 +59,7 @@ def exported(tmp_path_factory):
     return export
 
 
-@pytest.mark.slow(seconds=150)  # measured 86 s (gemma3-fp4) to 280 s (smollm2-gguf) on a shared 2-core machine
+@pytest.mark.slow(seconds=150)  # measured 9 s (smollm2-llm-int8) to 280 s (smollm2-gguf) on a shared 2-core machine
 @pytest.mark.parametrize("model,fmt", PAIRS, ids=[f"{m}-{f}" for m, f in PAIRS])
 def test_a_real_model_exports_and_reloads_exactly(model, fmt, exported, tmp_path, monkeypatch):
     source_dir = resolve(model)[0]  # the shared cache's conversion, read only

@@ -60,10 +60,10 @@ def _gguf_has_key(path: Path) -> bool:
     import gguf
 
     from quantdiff.core.errors import QuantdiffError
-    from quantdiff.models.gguf_header import check_header_counts
+    from quantdiff.models.gguf_header import check_gguf_structure
 
     try:
-        check_header_counts(path)  # a file gguf's reader would stall on is not one quantdiff wrote
+        check_gguf_structure(path)  # a file gguf's reader would stall on is not one quantdiff wrote
         return gguf.GGUFReader(path).get_field(GGUF_KEY) is not None
     except (ValueError, KeyError, IndexError, OSError, QuantdiffError):
         return False

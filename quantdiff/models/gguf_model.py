@@ -25,7 +25,7 @@ from huggingface_hub.errors import StrictDataclassError
 from quantdiff.core.atomic import write_errors_as_error, remove_stale_temporaries, temporary_path, write_json
 from quantdiff.core.cache import cache_dir, cache_lock
 from quantdiff.core.errors import ConfigError, DiskFullError, LoadError
-from quantdiff.models.gguf_header import check_header_counts
+from quantdiff.models.gguf_header import check_gguf_structure
 from quantdiff.core.manifest import file_sha256, matches_manifest, write_manifest
 from quantdiff.core.savedir import atomic_dir, marked_kind
 from quantdiff.models.gguf_check import check_header_sizes, dropped_tensors, refuse_dropped
@@ -47,7 +47,7 @@ def gguf_facts(path: Path, named: Path | None = None) -> dict:
     import gguf
 
     named = named or path
-    check_header_counts(path, named)  # before gguf's reader, which a huge array or a hostile count stalls or crashes
+    check_gguf_structure(path, named)  # before gguf's reader, which a huge array or a hostile count stalls or crashes
     try:
         reader = gguf.GGUFReader(path)
         architecture = reader.get_field("general.architecture").contents()

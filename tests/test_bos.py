@@ -70,15 +70,18 @@ def _rows(model_dir, data: str, tokens: int, seq_len: int = SEQ) -> list[list[in
     return rows
 
 
-def test_the_decision_follows_the_tokenizer_the_recipe_and_the_override(models):
+def test_the_decision_follows_the_tokenizer_the_recipe_and_the_override(models, tmp_path):
     adds, plain = load_tokenizer(models / "adds"), load_tokenizer(models / "plain")
     assert decide_bos(models / "adds", adds).token_id == adds.bos_token_id == 1
     assert decide_bos(models / "adds", adds).reason == "its tokenizer adds BOS"
     assert decide_bos(models / "plain", plain).token_id is None
     assert decide_bos(models / "plain", plain, "always").token_id == 1 and decide_bos(models / "adds", adds, "never").token_id is None
-    standard, bb = resolve("tiny/standard")[0], resolve("bb/standard")[0]  # recipes: bos = false, bos = true
-    assert decide_bos(standard, load_tokenizer(standard)).token_id is None
-    assert decide_bos(bb, load_tokenizer(bb)).reason == "trained by quantdiff with [train] bos = true"
+    for name in ("tiny/standard", "bb/standard"):  # both shipped sets: their confirmatory recipes say bos = true
+        shipped = resolve(name)[0]
+        assert decide_bos(shipped, load_tokenizer(shipped)).reason == "trained by quantdiff with [train] bos = true"
+    shutil.copytree(resolve("tiny/standard")[0], tmp_path / "without")  # a model trained with bos = false
+    (tmp_path / "without" / "recipe.toml").write_text("[train]\nbos = false\n")
+    assert decide_bos(tmp_path / "without", load_tokenizer(tmp_path / "without")).token_id is None
 
 
 def test_a_recipe_with_bos_wins_over_a_tokenizer_that_adds_none(models, tmp_path):

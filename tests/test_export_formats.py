@@ -312,7 +312,7 @@ def qwen_sources(tmp_path_factory):
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     root, tokenizer = tmp_path_factory.mktemp("qwen"), resolve("tiny/standard")[0]
-    sizes = dict(vocab_size=1536, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    sizes = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     out = {}
     for cls, config in [(Qwen2ForCausalLM, Qwen2Config(**sizes, tie_word_embeddings=True)), (Qwen3ForCausalLM, Qwen3Config(**sizes, head_dim=128))]:
         torch.manual_seed(0)
@@ -436,7 +436,8 @@ def test_cli_eval_of_the_written_file_gives_the_in_memory_figures(tmp_path, monk
     source_cell, reloaded = seen.pop()
     source = loading.load(resolve("tiny/standard")[0], device="cpu")
     task = LMTask(path=tmp_path / "text.txt", context=32)
-    prepared = task.prepare(load_tokenizer("tiny/standard"), 2)
+    tokenizer = load_tokenizer("tiny/standard")
+    prepared = task.prepare(tokenizer, 2, bos_id=tokenizer.bos_token_id)  # tiny was trained with BOS first
     with stored_weights(source, fmt), torch.no_grad():
         expected = task.evaluate(source, prepared)
     assert reloaded.metrics["loss"] == pytest.approx(expected["loss"], rel=1e-6) and reloaded.metrics["tokens"] == expected["tokens"]
@@ -445,8 +446,8 @@ def test_cli_eval_of_the_written_file_gives_the_in_memory_figures(tmp_path, monk
 
 # ---- exit 0 means the export reloads: every format, every model kind, the `pair` byte tokenizer among them -----
 
-# Vocabulary 1536: both the pair's byte tokenizer and tiny's BPE tokenizer (with merges) fit; GQA (4 heads, 2 KV).
-RELOAD_PRESET = SizePreset(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=1536, max_position_embeddings=64)
+# Vocabulary 2048: both the pair's byte tokenizer and tiny's BPE tokenizer (with merges) fit; GQA (4 heads, 2 KV).
+RELOAD_PRESET = SizePreset(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=2048, max_position_embeddings=64)
 EXPORT_ARGS = {
     "absmax": ["--bits", "4"],
     "llm-int8": ["--method", "llm-int8", "--bits", "8"],

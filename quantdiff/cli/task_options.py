@@ -43,18 +43,21 @@ def make_cli_task(name: str, batch_size: int, **given: object) -> Task:
 
 
 def fit_default_context(task: Task, context: int | None, specs: Sequence[tuple[str, Path]], trust_remote_code: bool = False) -> Task:
-    """Task lm without --context: windows of its default 256 tokens, or of the fewest positions among the
-    evaluated models when fewer (docs/reliability.md, "The lm default context"), one length for every model so
-    their cells compare; a --context given is kept, and refused beyond a model's positions, never cut."""
+    """Tasks lm and retrieval without --context: windows (needle documents) of their default 256 tokens, or of the
+    fewest positions among the evaluated models when fewer (docs/reliability.md, "The lm default context"), one
+    length for every model so their cells compare; a --context given is kept, and refused beyond a model's
+    positions, never cut."""
     import dataclasses
 
     from quantdiff.eval.tasks.lm import LMTask
+    from quantdiff.eval.tasks.retrieval import RetrievalTask
     from quantdiff.models.loading import load_config
 
-    if not isinstance(task, LMTask) or context is not None:
+    field = {LMTask: "context", RetrievalTask: "context_tokens"}.get(type(task))
+    if field is None or context is not None:
         return task
     positions = [getattr(load_config(path, trust_remote_code), "max_position_embeddings", None) for _, path in specs]
-    return dataclasses.replace(task, context=min([task.context, *(p for p in positions if isinstance(p, int) and p >= 2)]))
+    return dataclasses.replace(task, **{field: min([getattr(task, field), *(p for p in positions if isinstance(p, int) and p >= 2)])})
 
 
 def check_output(path: Path | None, suffixes: Sequence[str] | None, force: bool = False, flag: str = "output") -> None:

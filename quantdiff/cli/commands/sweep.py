@@ -19,7 +19,7 @@ TaskOpt = Annotated[str, typer.Option("--task", "-t", help=TASK_HELP)]
 DataOpt = Annotated[Optional[str], typer.Option("--data", help=DATA_HELP)]  # a str: "" stays empty, not "."
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Evaluate only the first N items (windows, documents).")]
 GroupOpt = Annotated[Optional[int], typer.Option("--group-size", help="absmax weights at site linear in groups of G inputs per output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group); default per output channel. At site kv: each token's keys and values per KV head in groups of G channels (llama.cpp's blocks of 32).")]
-ContextOpt = Annotated[Optional[int], typer.Option("--context", help="Tokens per document (retrieval) or window (lm; default 256, or the fewest positions among the models when fewer; a given value beyond a model's positions is refused).")]
+ContextOpt = Annotated[Optional[int], typer.Option("--context", help="Tokens per document (retrieval) or window (lm); default 256, or the fewest positions among the models when fewer; a given value beyond a model's positions is refused.")]
 NeedlesOpt = Annotated[Optional[int], typer.Option("--needles", help="Needles per retrieval document.")]
 DepthOpt = Annotated[Optional[float], typer.Option("--depth", help="Depth in [0, 1] of every needle (0 = start of the filler, 1 = its end); default: random per needle.")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed of the generated data (cloze set, needle documents); default 0.")]

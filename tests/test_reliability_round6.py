@@ -5,6 +5,7 @@ calibration data's hash and a budget their layers keep, one non-finite guard, an
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -329,7 +330,7 @@ def test_eval_refuses_a_granularity_without_bits(capsys):
 
 @pytest.fixture(scope="module")
 def short_model(tmp_path_factory):
-    """tiny/standard with 128 positions (RoPE: the weights do not depend on it)."""
+    """tiny/standard with 128 positions (the shipped tiny's own since issue 54, set here all the same)."""
     import shutil
 
     from quantdiff.models.names import ASSETS
@@ -353,8 +354,11 @@ def test_the_lm_default_context_fits_the_fewest_positions_of_the_models(short_mo
 
     out = tmp_path / "cells.json"
     main(["eval", str(short_model), "--task", "lm", "--limit", "1", "--json", str(out), "--quiet"])
-    assert json.loads(out.read_text())["cells"][0]["tokens"] == 127  # one window of 128 tokens: 127 scored (no BOS on tiny)
-    both = [("short", short_model), ("tiny", ASSETS / "tiny" / "standard")]
+    assert json.loads(out.read_text())["cells"][0]["tokens"] == 127  # one window of 128 tokens: 127 scored
+    long = tmp_path / "m256"  # the same weights with 256 positions (RoPE: the weights do not depend on it)
+    shutil.copytree(ASSETS / "tiny" / "standard", long)
+    (long / "config.json").write_text(json.dumps({**json.loads((long / "config.json").read_text()), "max_position_embeddings": 256}))
+    both = [("short", short_model), ("long", long)]
     assert fit_default_context(LMTask(), None, both).context == 128
     assert fit_default_context(LMTask(context=64), 64, both).context == 64  # given: kept
     assert fit_default_context(LMTask(), None, both[1:]).context == 256

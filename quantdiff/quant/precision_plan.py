@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 from torch import nn
 
 from quantdiff.core.errors import ConfigError
+from quantdiff.data.sources import BUILTINS
 from quantdiff.quant.numerics import MAX_BITS, MIN_BITS
 from quantdiff.quant.registry import GRANULARITY_NAMES, METHOD_NAMES, SITE_NAMES
 from quantdiff.quant.sites import QuantConfig, parse_config
@@ -93,7 +94,7 @@ class PrecisionPlan:
 
         count = model if isinstance(model, int) else len(structure.decoder_layers(model))
         if count != len(self.bits):
-            raise ConfigError(f"--plan is for {self.model['name']} ({len(self.bits)} decoder layers): {name} has {count}")
+            raise ConfigError(f"the precision plan for {self.model['name']} sets {len(self.bits)} decoder layers: {name} has {count}")
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,8 @@ def _checked(data: Any) -> PrecisionPlan:
     if not isinstance(calibration["bos"], bool):
         raise _fail("calibration.bos", "true or false", calibration["bos"])
     _sha256(calibration["tokens_sha256"], "calibration.tokens_sha256")
+    if "sha256" not in calibration and calibration["source"] not in BUILTINS:  # else it cannot be compared with the evaluation data
+        raise ConfigError("precision plan: the field calibration.sha256 is missing: a plan calibrated on a file records the file's sha256")
     if "sha256" in calibration:
         _sha256(calibration["sha256"], "calibration.sha256")
     parse_config(method, candidates[0], site, granularity)  # a (method, site, granularity) the quantizers support

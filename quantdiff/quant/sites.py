@@ -638,6 +638,8 @@ def apply_quantization(model: nn.Module, config: QuantConfig | None) -> Quantiza
 
     if config is None:
         return QuantizationHandle([])
+    if isinstance(config, PlannedConfig):
+        config.plan.check_model(model)  # a plan for fewer layers would leave the rest unquantized
     parts = list(config.parts) if isinstance(config, PlannedConfig) else [config]  # a plan: one config per width
     for part in parts:
         check_supported(part)

@@ -1,11 +1,18 @@
-"""`quantdiff sensitivity`: load one model and its data, run the per-layer sensitivity map, write JSON and plot."""
+"""`quantdiff sensitivity`: load one model and its data, run the per-layer sensitivity map, write JSON and plot, and with --plan-budget a mixed-precision plan (`quant.precision_plan`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from quantdiff.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from quantdiff.data.sources import Batch
+    from quantdiff.quant.precision_plan import PrecisionPlan
 
 SCHEMA = "quantdiff.sensitivity"
 
@@ -116,7 +123,8 @@ def data_digest(source: str) -> dict:
     return {} if source in BUILTINS else {"sha256": file_sha256(source, "--data")}
 
 
-def measured_plan(model, batches, result: dict, budget: float, calibration: dict, progress=None):
+def measured_plan(model: nn.Module, batches: Sequence[Batch], result: dict, budget: float, calibration: dict,
+                  progress: Callable[[int], None] | None = None) -> PrecisionPlan:
     """The knapsack plan from the map's one site at each width, its whole-plan damage measured in one forward on
     the same tokens (`quant.precision_plan`)."""
     from quantdiff.eval.damage import damages

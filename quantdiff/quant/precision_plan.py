@@ -120,8 +120,8 @@ def planned_config(plan: PrecisionPlan) -> PlannedConfig:
 def allocate(damage: Sequence[Mapping[int, float]], budget_bits: float) -> list[int]:
     """The widths (one per layer) minimising Σ damage[i][width] subject to mean width ≤ budget_bits, each layer's
     width one of its `damage` keys: an exact multiple-choice knapsack by dynamic programming over layers, the state
-    being the bits spent so far (integers, so the budget is ⌊n·budget⌋ bits in all). Ties go to the narrower width
-    of the earlier layer. Additive per-layer damage is the approximation (module docstring)."""
+    being the bits spent so far (integers, so the budget is ⌊n·budget⌋ bits in all). Of plans equally damaging,
+    the one spending fewest bits. Additive per-layer damage is the approximation (module docstring)."""
     n = len(damage)
     if n == 0:
         raise ConfigError("a plan needs at least one layer")
@@ -153,7 +153,8 @@ def plan_from_map(
     measured_kld_mean: float = math.nan, bits: Sequence[int] | None = None,
 ) -> PrecisionPlan:
     """A plan from one site's sensitivity map at each candidate width ({bits: `sensitivity_map`'s site entry}):
-    the knapsack's widths, or `bits` as given (a plan chosen otherwise, its damage predicted the same way)."""
+    the knapsack's widths, or `bits` as given (a plan chosen otherwise, its damage predicted the same way);
+    `measured_kld_mean` stays NaN until the caller measures the plan."""
     candidates = sorted(sites_by_bits)
     check_budget(budget_bits, candidates)
     entries = {b: {e["layer"]: e["damage"]["kld_mean"] for e in site["layers"]} for b, site in sites_by_bits.items()}

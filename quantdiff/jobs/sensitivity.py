@@ -1,4 +1,5 @@
-"""`quantdiff sensitivity`: load one model and its data, run the per-layer sensitivity map, write JSON and plot, and with --plan-budget a mixed-precision plan (`quant.precision_plan`)."""
+"""`quantdiff sensitivity`: load one model and its data, run the per-layer sensitivity map, write JSON and plot;
+with --plan-budget, a mixed-precision plan from the map (`quant.precision_plan`)."""
 
 from __future__ import annotations
 

@@ -41,6 +41,9 @@ _API = {
     "calibrated_configs": "quantdiff.api",
     "parse_export": "quantdiff.api",
     "ModelStats": "quantdiff.stats.model_stats",
+    "PrecisionPlan": "quantdiff.quant.precision_plan",
+    "load_plan": "quantdiff.quant.precision_plan",
+    "save_plan": "quantdiff.quant.precision_plan",
     "QuantdiffError": "quantdiff.core.errors",
 }
 

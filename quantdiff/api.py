@@ -23,6 +23,7 @@ from quantdiff.models.names import check_one_model, resolve
 from quantdiff.quant import checkpoint, export, formats, gguf_export, kv_cache as kv_caches, kv_layout as kv_layouts, sites, transforms
 from quantdiff.quant.formats import ExportFormat
 from quantdiff.quant.gguf_format import GGUFExport
+from quantdiff.quant.precision_plan import PlannedConfig, PrecisionPlan, planned_config
 from quantdiff.stats.collect import DEFAULT_K
 from quantdiff.stats.collect import collect_stats as collect_batches
 from quantdiff.stats.model_stats import ModelStats
@@ -90,15 +91,19 @@ def collect_stats(
     return collect_batches(model, data, k, compile=compile)
 
 
-def _config(config: Any) -> sites.QuantConfig | None:
+def _config(config: Any, plans: bool = True) -> sites.QuantConfig | PlannedConfig | None:
+    """A config as given; with `plans`, a mixed-precision plan (`quantdiff.load_plan`) as its per-width configs."""
+    if plans and isinstance(config, PrecisionPlan):
+        return planned_config(config)
     if config is not None and not isinstance(config, sites.QuantConfig):
-        raise ConfigError(f"config must be a QuantConfig (quantdiff.parse_config(method, bits, site)) or None, got {check.kind_of(config)}")
+        plan = " or a PrecisionPlan (quantdiff.load_plan(path))" if plans else ""
+        raise ConfigError(f"config must be a QuantConfig (quantdiff.parse_config(method, bits, site)){plan} or None, got {check.kind_of(config)}")
     return config
 
 
 @check.arguments
 @contextmanager
-def quantized(model: nn.Module, config: sites.QuantConfig | None, allow_partial: bool = False) -> Iterator[nn.Module]:
+def quantized(model: nn.Module, config: sites.QuantConfig | PrecisionPlan | None, allow_partial: bool = False) -> Iterator[nn.Module]:
     """`model` quantized as `config` says inside the block (see `quant.sites.quantized`)."""
     check.quantdiff_model(model)
     check.flag(allow_partial, "allow_partial")
@@ -107,7 +112,7 @@ def quantized(model: nn.Module, config: sites.QuantConfig | None, allow_partial:
 
 
 @check.arguments
-def apply_quantization(model: nn.Module, config: sites.QuantConfig | None) -> sites.QuantizationHandle:
+def apply_quantization(model: nn.Module, config: sites.QuantConfig | PrecisionPlan | None) -> sites.QuantizationHandle:
     """Fake-quantize `model` in place as `config` says until the handle's `remove()` (see `quant.sites`)."""
     check.quantdiff_model(model)
     return sites.apply_quantization(model, _config(config))
@@ -125,7 +130,7 @@ def export_quantized(model: str | Path, out: str | Path, fmt: ExportFormat, **kw
         if name in kwargs:
             check.flag(kwargs[name], name)
     if "attention" in kwargs:
-        _config(kwargs["attention"])
+        _config(kwargs["attention"], plans=False)
     if not isinstance(fmt, get_args(ExportFormat)):
         raise ConfigError(f"fmt must be an export format (quantdiff.parse_export(method, bits)), got {check.kind_of(fmt)}")
     if isinstance(fmt, GGUFExport):  # one file, written by its own writer (which checks its target)
@@ -171,23 +176,29 @@ def calibrated_configs(configs: Sequence[sites.QuantConfig], model: nn.Module, t
 
 
 @check.arguments
-def damage(model: nn.Module, ids: torch.Tensor, config: sites.QuantConfig, *, layers: Sequence[int] | None = None, batch_size: int = 4) -> dict:
+def damage(model: nn.Module, ids: torch.Tensor, config: sites.QuantConfig | PrecisionPlan, *, layers: Sequence[int] | None = None, batch_size: int = 4) -> dict:
     """How far `model` quantized as `config` moves from itself in full precision on token ids (B, T) (or (T,)):
     per-token KL divergence (mean, median, p99, max), Δp of the correct token (mean, RMS), same top-1 rate and
     Δ loss, llama.cpp's `--kl-divergence` measures (see `eval.damage`). `layers`: quantize only those decoder
-    layers (replaces `config.layers`)."""
+    layers (replaces `config.layers`; not with a plan, which sets every layer's width)."""
     from dataclasses import replace
 
     from quantdiff.eval.damage import damages
 
     check.quantdiff_model(model)
     check.positive_int(batch_size, "batch_size")
-    if not isinstance(config, sites.QuantConfig):
-        raise ConfigError(f"config must be a QuantConfig (quantdiff.parse_config(method, bits, site)), got {check.kind_of(config)}")
-    if layers is not None:
+    if isinstance(config, PrecisionPlan) and layers is not None:
+        raise ConfigError("layers does not apply to a PrecisionPlan: the plan sets every decoder layer's width")
+    if config is None:
+        raise ConfigError("config must be a QuantConfig (quantdiff.parse_config(method, bits, site)) or a PrecisionPlan, got None")
+    config = _config(config)
+    if isinstance(config, PlannedConfig):
+        config.plan.check_model(model)
+    elif layers is not None:
         if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or not all(as_int(l) is not None for l in layers):
             raise ConfigError(f"layers must be a list of decoder-layer indices or None, got {layers!r:.60}")
         config = replace(config, layers=tuple(as_int(l) for l in layers))
-    sites.chosen_layers(model, config)
+    for part in config.parts if isinstance(config, PlannedConfig) else [config]:
+        sites.chosen_layers(model, part)
     batches = make_batches(check.token_ids(ids, model).tolist(), batch_size)
     return damages(model, batches, [config])[0][0]

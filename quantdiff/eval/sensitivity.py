@@ -110,6 +110,7 @@ def sensitivity_map(
         site = {
             "config": config.to_dict(),
             "site": sites.site_name_of(config.site),
+            "bits": config.method.bits,
             "layers": entries,
             "spearman": {m: spearman([e["outliers"][m] for e in entries], damage) for m in MEASURES},
         }

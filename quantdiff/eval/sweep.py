@@ -21,6 +21,7 @@ from quantdiff.core.errors import ConfigError
 from quantdiff.quant.numerics import check_bits
 from quantdiff.quant.registry import DEFAULT_GRANULARITY, CAUSAL_GRANULARITIES, granularity, granularity_name, method_name, site_name
 from quantdiff.quant.kv_plan import KVPlan, measured_bits
+from quantdiff.quant.precision_plan import PlannedConfig
 from quantdiff.quant.sites import KVSite, LinearSite, QuantConfig, linear_targets, parse_config, quantized
 from quantdiff.quant.transforms import Transform, transform_record
 from quantdiff.eval.scoring import counting_scored_logits
@@ -46,6 +47,7 @@ class Cell:
     granularity: str | None = None  # registry.GRANULARITY_NAMES; None for the reference
     recorded: list[dict] | None = None  # what the model's export quantizes at run time (`checkpoint.recorded_quantization`)
     layers: list[int] | None = None  # the decoder layers quantized (`QuantConfig.layers`); None: every layer
+    precision_plan: dict | None = None  # a mixed-precision plan's widths (`PrecisionPlan.record`); bits is then their average
 
     @property
     def causal(self) -> bool:
@@ -63,7 +65,7 @@ class Cell:
 
     def to_dict(self) -> dict[str, Any]:
         optional = {k: v for k, v in (("group_size", self.group_size), ("transform", self.transform), ("kv_plan", self.kv_plan), ("recorded", self.recorded),
-                                      ("layers", self.layers)) if v is not None}
+                                      ("layers", self.layers), ("precision_plan", self.precision_plan)) if v is not None}
         blocks = {} if self.blocks is None else {"blocks": self.blocks}
         return {"model": self.model, "task": self.task, "method": self.method, "bits": self.bits, "site": self.site,
                 "granularity": self.granularity, "causal": self.causal, **optional, **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits, **blocks}
@@ -105,31 +107,40 @@ def plan_sweep(
     return SweepPlan(configs, skipped)
 
 
-def describe(config: QuantConfig | None) -> tuple[str | None, int | None, str | None]:
-    """(method, bits, site) names of a configuration, all None for the reference."""
+def describe(config: QuantConfig | PlannedConfig | None) -> tuple[str | None, int | float | None, str | None]:
+    """(method, bits, site) names of a configuration, all None for the reference; a mixed-precision plan's bits
+    are its average width."""
     if config is None:
         return None, None, None
+    if isinstance(config, PlannedConfig):
+        return config.plan.method, config.plan.average_bits, config.plan.site
     data = config.to_dict()
     return data["method"]["name"], data["method"]["bits"], data["site"]["name"]
 
 
-def group_size_of(config: QuantConfig | None) -> int | None:
+def group_size_of(config: QuantConfig | PlannedConfig | None) -> int | None:
     """The group size of a configuration (the linear site's weights, the kv site's rows), None when weights are
     per output channel and cache rows whole (or nothing is quantized)."""
-    if config is None:
+    if config is None or isinstance(config, PlannedConfig):
         return None
     return getattr(config.method, "weight_group_size", None) or getattr(config.site, "group_size", None)
 
 
-def granularity_of(config: QuantConfig | None) -> str | None:
+def granularity_of(config: QuantConfig | PlannedConfig | None) -> str | None:
+    if isinstance(config, PlannedConfig):
+        return config.plan.granularity
     return None if config is None else granularity_name(config.method.granularity)
 
 
-def layers_of(config: QuantConfig | None) -> list[int] | None:
-    return None if config is None or config.layers is None else list(config.layers)
+def layers_of(config: QuantConfig | PlannedConfig | None) -> list[int] | None:
+    return None if config is None or isinstance(config, PlannedConfig) or config.layers is None else list(config.layers)
 
 
-def transform_of(config: QuantConfig | None) -> Transform | None:
+def precision_plan_of(config: QuantConfig | PlannedConfig | None) -> dict | None:
+    return config.plan.record() if isinstance(config, PlannedConfig) else None
+
+
+def transform_of(config: QuantConfig | PlannedConfig | None) -> Transform | None:
     return None if config is None or not isinstance(config.site, LinearSite) else config.site.transform
 
 
@@ -141,30 +152,33 @@ def transform_tag(transform: dict | None) -> str:
 
 
 def label(method: str | None, bits: int | None, site: str | None, group_size: int | None = None, transform: dict | None = None,
-          kv_plan: dict | None = None, granularity: str | None = None, layers: Sequence[int] | None = None) -> str:
+          kv_plan: dict | None = None, granularity: str | None = None, layers: Sequence[int] | None = None,
+          precision_plan: dict | None = None) -> str:
     if method is None:
         return REFERENCE
-    plan = "" if kv_plan is None else f" plan:{kv_plan['policy']}"
     scales = "" if granularity in (None, DEFAULT_GRANULARITY) else f" [{granularity}{'' if granularity in CAUSAL_GRANULARITIES else ', non-causal'}]"
+    if precision_plan is not None:  # bits is the plan's average width
+        return f"{method} plan {precision_plan['average_bits']:.3g}b avg ({'/'.join(map(str, precision_plan['candidates']))}) @{site}{scales}"
+    plan = "" if kv_plan is None else f" plan:{kv_plan['policy']}"
     chosen = "" if layers is None else f" layers {','.join(map(str, layers))}"
     return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'}{transform_tag(transform)} @{site}{chosen}{plan}{scales}"
 
 
-def kv_plan_of(config: QuantConfig | None) -> KVPlan | None:
+def kv_plan_of(config: QuantConfig | PlannedConfig | None) -> KVPlan | None:
     return None if config is None or not isinstance(config.site, KVSite) else config.site.plan
 
 
 def cell_label(cell: Cell) -> str:
     """The cell's quantization, then what its model's export records (a cell adding none is labelled with the
     export's own: `describe_run`)."""
-    own = label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform, cell.kv_plan, cell.granularity, cell.layers)
+    own = label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform, cell.kv_plan, cell.granularity, cell.layers, cell.precision_plan)
     recorded = [label(r["method"], r["bits"], r["site"], granularity=r["granularity"]) for r in cell.recorded or []]
     if not recorded:
         return own
     return f"{'' if own == recorded[-1] else own + ' + '}{'; '.join(recorded)} (recorded in the export)"
 
 
-def describe_run(config: QuantConfig | None, recorded: list[dict]) -> tuple[str | None, int | None, str | None, str | None]:
+def describe_run(config: QuantConfig | PlannedConfig | None, recorded: list[dict]) -> tuple[str | None, int | float | None, str | None, str | None]:
     """(method, bits, site, granularity) of a cell: its own configuration's, or, for a cell adding none to a model
     whose export records run-time quantizers, the last of those (what ran: never null beside a quantized run)."""
     if config is None and recorded:
@@ -204,7 +218,7 @@ def run_cell(
     name: str,
     task: Task,
     prepared: Any,
-    config: QuantConfig | None,
+    config: QuantConfig | PlannedConfig | None,
     progress: CellProgress | None = None,
     allow_partial: bool = False,
     blocks: int | None = None,
@@ -215,7 +229,9 @@ def run_cell(
     record = None if transform is None else transform_record(transform, model, [m for _, m in linear_targets(model, config.site, allow_partial)])
     plan = kv_plan_of(config)
     plan_record = None if plan is None else plan.record()
-    advance = progress(f"{name} · {label(*describe(config), group_size_of(config), record, plan_record, granularity_of(config), layers_of(config))}", len(prepared)) if progress is not None else None
+    widths = precision_plan_of(config)
+    advance = progress(f"{name} · {label(*describe(config), group_size_of(config), record, plan_record, granularity_of(config), layers_of(config), widths)}",
+                       len(prepared)) if progress is not None else None
     with quantized(model, config, allow_partial), counting_scored_logits() as scored:
         metrics, per_block = _evaluate(model, task, prepared, advance, blocks)
         if plan_record is not None:
@@ -226,7 +242,7 @@ def run_cell(
     recorded = getattr(model, "quantdiff_recorded", None) or []
     method, bits, site, grain = describe_run(config, recorded)
     return Cell(name, task.name, method, bits, site, metrics, scored.nonfinite, group_size_of(config), record, per_block, plan_record, grain, recorded or None,
-                layers_of(config))
+                layers_of(config), widths)
 
 
 def run_model_cells(
@@ -234,7 +250,7 @@ def run_model_cells(
     model: nn.Module,
     task: Task,
     prepared: Any,
-    configs: Sequence[QuantConfig],
+    configs: Sequence[QuantConfig | PlannedConfig],
     progress: CellProgress | None = None,
     include_reference: bool = True,
     allow_partial: bool = False,
@@ -247,7 +263,7 @@ def run_model_cells(
 def run_sweep(
     models: dict[str, tuple[nn.Module, Any]],
     task: Task,
-    configs: Sequence[QuantConfig],
+    configs: Sequence[QuantConfig | PlannedConfig],
     limit: int | None = None,
     progress: CellProgress | None = None,
     include_reference: bool = True,
@@ -272,8 +288,9 @@ def cells_to_json(cells: Sequence[Cell], sources: dict[str, dict | None] | None 
 def cells_from_json(data: dict[str, Any]) -> list[Cell]:
     """Cells of a sweep JSON. A quantized cell written before cells recorded their granularity ran per sequence:
     it reads back as granularity tensor (non-causal)."""
-    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks", "kv_plan", "granularity", "causal", "recorded", "layers")
+    keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks", "kv_plan", "granularity", "causal", "recorded", "layers",
+            "precision_plan")
     return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0), d.get("group_size"),
                  d.get("transform"), d.get("blocks"), d.get("kv_plan"), d.get("granularity", None if d["method"] is None else "tensor"), d.get("recorded"),
-                 d.get("layers"))
+                 d.get("layers"), d.get("precision_plan"))
             for d in data["cells"]]

@@ -16,6 +16,7 @@ from quantdiff.core.progress import task_bars
 from quantdiff.eval.sweep import Cell, cell_label, cells_to_json, run_model_cells, split_blocks
 from quantdiff.eval.tasks.registry import Task
 from quantdiff.models.bos import BosChoice, check_mode, decide_bos, describe_bos
+from quantdiff.quant.precision_plan import PlannedConfig
 from quantdiff.quant.sites import QuantConfig
 
 
@@ -62,7 +63,7 @@ def prepare_models(
 def run_prepared(
     models: Sequence[PreparedModel],
     task: Task,
-    configs: Sequence[QuantConfig],
+    configs: Sequence[QuantConfig | PlannedConfig],
     device: str | torch.device | None,
     quiet: bool,
     include_reference: bool = True,
@@ -93,7 +94,7 @@ def run_prepared(
     return cells
 
 
-def check_recorded_sites(prepared: PreparedModel, configs: Sequence[QuantConfig]) -> None:
+def check_recorded_sites(prepared: PreparedModel, configs: Sequence[QuantConfig | PlannedConfig]) -> None:
     """ConfigError, before any weights load, for a configuration at an attention site whose quantizer the model's
     export already records (`checkpoint.recorded_in`): re-applied on load, it holds the site's one slot, and the
     refusal says where it came from rather than that some layer 'already has' a quantizer."""

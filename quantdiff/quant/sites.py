@@ -632,13 +632,21 @@ class QuantizationHandle:
 
 
 def apply_quantization(model: nn.Module, config: QuantConfig | None) -> QuantizationHandle:
-    """Fake-quantize `model` in place as `config` says; None is the unquantized reference (a no-op)."""
+    """Fake-quantize `model` in place as `config` says; None is the unquantized reference (a no-op). A
+    mixed-precision plan's `precision_plan.PlannedConfig` applies its configs (disjoint layers) together."""
+    from quantdiff.quant.precision_plan import PlannedConfig  # that module builds on this one
+
     if config is None:
         return QuantizationHandle([])
-    check_supported(config)
+    if isinstance(config, PlannedConfig):
+        config.plan.check_model(model)  # a plan for fewer layers would leave the rest unquantized
+    parts = list(config.parts) if isinstance(config, PlannedConfig) else [config]  # a plan: one config per width
+    for part in parts:
+        check_supported(part)
     undo: list[Undo] = []
     try:
-        _HANDLERS[type(config.site)](model, config, undo)
+        for part in parts:
+            _HANDLERS[type(part.site)](model, part, undo)
     except BaseException:
         QuantizationHandle(undo).remove()
         raise

@@ -17,7 +17,7 @@ def sensitivity_tables(result: dict) -> list[Table]:
     """One table per site: each layer's damage beside its outlier statistics, then the rank correlations."""
     tables = []
     for site in result["sites"]:
-        table = Table(title=f"{result['model']}: {result['method']} {result['bits']}-bit, site {site['site']}, one layer at a time")
+        table = Table(title=f"{result['model']}: {result['method']} {site['bits']}-bit, site {site['site']}, one layer at a time")
         for column in ("layer", "KL mean", "KL p99", "same top-1", "Δ loss", "Top-1 |input|", "Top-1 ÷ median", "kurtosis", "int8 features", "sink heads", "massive"):
             table.add_column(column, justify="right")
         for entry in site["layers"]:
@@ -32,6 +32,20 @@ def sensitivity_tables(result: dict) -> list[Table]:
         table.caption = f"Spearman ρ with KL mean: {rho}{check}"
         tables.append(table)
     return tables
+
+
+def plan_lines(result: dict, out: Path | None = None) -> list[str]:
+    """The precision plan of a sensitivity result, if any: each layer's width, the average, predicted against
+    measured whole-plan damage, and where the plan was written."""
+    plan = result.get("plan")
+    if plan is None:
+        return []
+    widths = " ".join(f"{e['layer']}:{e['bits']}" for e in plan["layers"])
+    predicted, measured = plan["predicted_kld_mean"], plan["measured_kld_mean"]
+    return [f"plan ({plan['method']} @{plan['site']}, widths {'/'.join(map(str, plan['candidates']))}, budget {plan['budget_bits']:g} bits): layer:bits {widths}",
+            f"average {plan['average_bits']:.3f} bits; mean KL predicted {number(predicted)} (sum of one-layer damages), "
+            f"measured {number(measured)} (whole plan, same tokens; ratio {predicted / measured if measured else float('nan'):.2f})"]\
+        + ([] if out is None else [f"plan -> {out}"])
 
 
 def plot_sensitivity(result: dict, path: str | Path, force: bool = False) -> None:
@@ -57,7 +71,7 @@ def plot_sensitivity(result: dict, path: str | Path, force: bool = False) -> Non
         other.set_yscale("log")
         other.set_ylabel("Top-1 |input|")
         rho = site["spearman"].get(OVERLAID)
-        ax.set_title(f"{result['model']} {result['method']} {result['bits']}-bit, site {site['site']} "
+        ax.set_title(f"{result['model']} {result['method']} {site['bits']}-bit, site {site['site']} "
                      f"(red: massive activation; Spearman ρ {'–' if rho is None else f'{rho:+.2f}'})")
     fig.tight_layout()
     with atomic_file(path, force, "--plot") as tmp:

@@ -10,6 +10,7 @@ import typer
 from quantdiff.cli.options import MODELS_HELP, BosOpt, DeviceOpt, FileForceOpt, JsonOpt, PartialOpt, QuietOpt, RemoteOpt
 from quantdiff.cli.transform_options import CalibrationOpt, CalibrationTokensOpt, KVPlanOpt, RotateOpt, SmoothOpt
 from quantdiff.cli.layers_option import LayersOpt
+from quantdiff.cli.plan_option import PlanOpt
 
 TASK_HELP = "Task: choice (HellaSwag-format multiple choice), lm (held-out loss/accuracy), retrieval (multi-needle), bb (Bigram-Backcopy accuracy; models trained on it)."
 DATA_HELP = "Task data: a HellaSwag JSONL file (choice), a text file (lm; retrieval filler). Default: the corpus' held-out text."
@@ -30,9 +31,9 @@ GranularityOpt = Annotated[str, typer.Option("--granularity", help="Scales: row 
 def sweep(
     models: Annotated[list[str], typer.Argument(help=MODELS_HELP)],
     task: TaskOpt = "choice",
-    bits: Annotated[str, typer.Option("--bits", help="Comma-separated bit widths, each 2–16.")] = "16,8,6,4",
-    method: Annotated[str, typer.Option("--method", help="Comma-separated: absmax, llm-int8.")] = "absmax",
-    site: Annotated[str, typer.Option("--site", help="Comma-separated: logits, qk, linear, kv (keys and values as a KV cache holds them). Unsupported (method, site) pairs are skipped with a note.")] = "logits",
+    bits: Annotated[Optional[str], typer.Option("--bits", help="Comma-separated bit widths, each 2–16 (default 16,8,6,4).")] = None,
+    method: Annotated[Optional[str], typer.Option("--method", help="Comma-separated: absmax (default), llm-int8.")] = None,
+    site: Annotated[Optional[str], typer.Option("--site", help="Comma-separated: logits (default), qk, linear, kv (keys and values as a KV cache holds them). Unsupported (method, site) pairs are skipped with a note.")] = None,
     group_size: GroupOpt = None,
     rotate: RotateOpt = None,
     smooth: SmoothOpt = None,
@@ -41,6 +42,7 @@ def sweep(
     kv_plan: KVPlanOpt = None,
     granularity: GranularityOpt = "row",
     layers: LayersOpt = None,
+    plan_file: PlanOpt = None,
     blocks: Annotated[Optional[int], typer.Option("--blocks", help="Also evaluate every cell in N contiguous blocks of the items and record each block's metrics in the JSON (intervals by batch means); the cell's metrics pool them exactly. Tasks lm and bb.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the Figure-8-style chart (PNG, PDF or SVG).")] = None,
     json_path: JsonOpt = None,
@@ -67,11 +69,12 @@ def sweep(
     from quantdiff.cli.task_options import check_limit, check_output, fit_default_context, make_cli_task
     from quantdiff.cli.transform_options import calibration_file, check_kv_plans, load_kv_plans, make_transform
     from quantdiff.cli.layers_option import check_layers, parse_layers
+    from quantdiff.cli.plan_option import check_plans_fit, load_precision_plans, refuse_with_plan
     from quantdiff.cli.validate import check_group_option, check_list
     from quantdiff.core.device import resolve_device
     from quantdiff.core.errors import ConfigError
     from quantdiff.core.outputs import check_outputs
-    from quantdiff.eval.sweep import plan_sweep
+    from quantdiff.eval.sweep import SweepPlan, plan_sweep
     from quantdiff.jobs.evaluate import prepare_models, report, run_prepared
     from quantdiff.models.bos import check_mode
     from quantdiff.models.inputs import model_inputs
@@ -79,6 +82,9 @@ def sweep(
     from quantdiff.models.source import model_sources
     from quantdiff.quant.registry import parse_bits, split_names
 
+    refuse_with_plan(plan_file, {"--bits": bits, "--method": method, "--site": site, "--group-size": group_size, "--rotate": rotate, "--smooth": smooth,
+                                 "--granularity": None if granularity == "row" else granularity, "--layers": layers})
+    bits, method, site = bits or "16,8,6,4", method or "absmax", site or "logits"
     for flag, text in (("--bits", bits), ("--method", method), ("--site", site)):
         check_list(text, flag)
     check_group_option(group_size, split_names(site, "sites"))
@@ -88,6 +94,8 @@ def sweep(
         raise ConfigError("--layers chooses layers for --site; a --kv-plan sets its own per layer")
     chosen = parse_layers(layers)
     plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size, transform, granularity, chosen)
+    if plan_file:  # the plans' cells replace the --bits cells
+        plan = SweepPlan(load_precision_plans(plan_file, data), [])
     plan.configs.extend(load_kv_plans(kv_plan, data, granularity))
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
@@ -96,8 +104,9 @@ def sweep(
     check_mode(bos)
     specs = resolve_models(models)
     the_task = fit_default_context(the_task, context, specs, trust_remote_code)
-    check_outputs({"--json": json_path, "--plot": plot}, model_inputs(models, [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform) + (kv_plan or []))
+    check_outputs({"--json": json_path, "--plot": plot}, model_inputs(models, [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform) + (kv_plan or []) + (plan_file or []))
     check_kv_plans(plan.configs, specs, trust_remote_code)
+    check_plans_fit(plan.configs, specs, trust_remote_code)
     check_layers(chosen, specs, trust_remote_code)
     check_output(json_path, None, force, "--json")
     check_output(plot, (".png", ".pdf", ".svg"), force, "--plot")
@@ -130,6 +139,7 @@ def evaluate(
     kv_plan: KVPlanOpt = None,
     granularity: GranularityOpt = "row",
     layers: LayersOpt = None,
+    plan_file: PlanOpt = None,
     json_path: JsonOpt = None,
     data: DataOpt = None,
     limit: LimitOpt = None,
@@ -147,11 +157,13 @@ def evaluate(
 ) -> None:
     """How well does a model do on a task, unquantized or quantized one way?
 
-    One cell of the sweep: the task's metrics for MODEL, unquantized, or with --bits (and --method, --site)."""
+    One cell of the sweep: the task's metrics for MODEL, unquantized, or with --bits (and --method, --site), or
+    with a mixed-precision --plan."""
     from quantdiff.cli.output import check_json
     from quantdiff.cli.task_options import check_limit, fit_default_context, make_cli_task
     from quantdiff.cli.transform_options import calibration_file, check_kv_plans, load_kv_plans, make_transform
     from quantdiff.cli.layers_option import check_layers, parse_layers
+    from quantdiff.cli.plan_option import check_plans_fit, load_precision_plans, refuse_with_plan
     from quantdiff.cli.validate import check_group_option
     from quantdiff.core.device import resolve_device
     from quantdiff.core.errors import ConfigError
@@ -162,7 +174,11 @@ def evaluate(
     from quantdiff.models.source import model_sources
     from quantdiff.quant.sites import parse_config
 
-    if bits is None and not kv_plan and (method is not None or site is not None or group_size is not None or rotate is not None or smooth is not None
+    refuse_with_plan(plan_file, {"--bits": bits, "--method": method, "--site": site, "--group-size": group_size, "--rotate": rotate, "--smooth": smooth,
+                                 "--granularity": None if granularity == "row" else granularity, "--layers": layers})
+    if plan_file and (kv_plan or len(plan_file) > 1):
+        raise ConfigError("--plan is one quantization of its own: give one plan, without --kv-plan")
+    if bits is None and not kv_plan and not plan_file and (method is not None or site is not None or group_size is not None or rotate is not None or smooth is not None
                                          or granularity != "row" or layers is not None):
         raise ConfigError("--method, --site, --group-size, --granularity, --rotate, --smooth and --layers choose how to quantize: give --bits too")
     if layers is not None and kv_plan:
@@ -174,14 +190,16 @@ def evaluate(
     target = resolve_device(device, "--device")
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
     configs = load_kv_plans(kv_plan, data, granularity) if kv_plan else [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", granularity, group_size=group_size, transform=transform, layers=chosen)]
+    configs += load_precision_plans(plan_file, data)
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)
     check_mode(bos)
     specs = resolve_models([model])
     the_task = fit_default_context(the_task, context, specs, trust_remote_code)
     check_kv_plans(configs, specs, trust_remote_code)
+    check_plans_fit(configs, specs, trust_remote_code)
     check_layers(chosen, specs, trust_remote_code)
-    check_json(json_path, model_inputs([model], [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform) + (kv_plan or []), force)
+    check_json(json_path, model_inputs([model], [path for _, path in specs]) + ([data] if data else []) + calibration_file(transform) + (kv_plan or []) + (plan_file or []), force)
     prepared = prepare_models(specs, the_task, limit, bos, target, trust_remote_code)
     cells = run_prepared(
         prepared, the_task, configs, target, quiet or str(json_path) == "-", include_reference=not configs,

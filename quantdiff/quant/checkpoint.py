@@ -14,6 +14,7 @@ from quantdiff.attention.backend import DEFAULT_TILE_SIZE
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
 from quantdiff.models import loading
+from quantdiff.models.source import model_source
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport
 from quantdiff.quant.formats import WEIGHTS_NAME, LLMInt8Export, Tensors, format_from_section
 from quantdiff.quant.layer_bits import stored_formats
@@ -57,6 +58,14 @@ def recorded_in(path: str | Path) -> list[dict]:
     file = Path(path) / "config.json"
     section = quantdiff_section(json.loads(file.read_text())) if file.is_file() else None
     return [] if section is None else recorded_quantization(section)
+
+
+def recorded_plan(path: str | Path) -> dict[str, int] | None:
+    """The per-layer bits ({"0": 8, ...}) a mixed-precision export at `path` records, else None: a quantdiff or
+    compressed-tensors export's section, or a GGUF export's (its dequantized directory's source record)."""
+    file = Path(path) / "config.json"
+    section = quantdiff_section(json.loads(file.read_text())) if file.is_file() else None
+    return (section or model_source(path) or {}).get("layer_bits")
 
 
 def _module_tensors(stored: Tensors, fqn: str) -> Tensors:

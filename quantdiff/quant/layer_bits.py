@@ -98,3 +98,22 @@ def described(fmt: ExportFormat, formats: Iterable[ExportFormat]) -> dict:
     for other in formats:
         description = {**other.describe(), **description}
     return description
+
+
+def plan_phrase(plan: Mapping[str, int] | Mapping[int, int]) -> str:
+    """A recorded plan in words, widest first: '8 bits: layers 0, 5; 4 bits: layers 1–4, 6–29'."""
+    by_bits: dict[int, list[int]] = {}
+    for index, bits in plan.items():
+        by_bits.setdefault(int(bits), []).append(int(index))
+    return "; ".join(f"{bits} bits: layer{'s' if len(layers) > 1 else ''} {_ranges(sorted(layers))}" for bits, layers in sorted(by_bits.items(), reverse=True))
+
+
+def _ranges(indices: list[int]) -> str:
+    """[1, 2, 3, 5] -> '1–3, 5'."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}–{run[-1]}" for run in runs)

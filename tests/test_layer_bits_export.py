@@ -149,12 +149,13 @@ def test_gguf_plan_writes_each_tensor_in_its_widths_type(tmp_path, gguf_cache, c
     (("absmax", 4), {"0": 8, 1: 4}, "a layer index must be an integer, got '0'"),
     (("absmax", 4), {0: 8.0, 1: 4}, "layer 0's width must be an integer"),
     (("absmax", 4), {}, "layer_bits must map each decoder layer"),
+    (("absmax", 4), [8, 4], "e.g. {0: 8, 1: 4}; got list"),
     (("absmax", 4, None, "compressed-tensors"), {0: 6, 1: 4}, "layer 0 at 6 bits: compressed-tensors export takes --bits 4 (W4A16) or 8"),
     (("absmax", 4, 16, "compressed-tensors"), {0: 8, 1: 4}, "layer 0 at 8 bits: compressed-tensors W8A8 has per-channel weight scales"),
     (("absmax", 4, None, "gguf"), {0: 5, 1: 4}, "layer 0 at 5 bits: gguf export takes --bits 8 (Q8_0), 4 (Q4_0) or 16"),
     (("nf4", 4), {0: 4, 1: 4}, "--method nf4 (bitsandbytes' layout) stores every layer at 4 bits"),
     (("llm-int8", 8), {0: 8, 1: 8}, "--method llm-int8 (bitsandbytes' layout) stores every layer at 8 bits"),
-], ids=["missing", "past-the-end", "negative", "absmax-9", "string-index", "float-width", "empty", "ct-6", "ct-w8a8-grouped",
+], ids=["missing", "past-the-end", "negative", "absmax-9", "string-index", "float-width", "empty", "a-list", "ct-6", "ct-w8a8-grouped",
         "gguf-5", "nf4", "llm-int8"])
 def test_a_plan_the_format_cannot_hold_is_refused_by_name(source, tmp_path, fmt_args, plan, message):
     method, bits, *rest = fmt_args

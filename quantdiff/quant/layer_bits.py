@@ -34,7 +34,8 @@ def check_widths(layer_bits: object, fmt: ExportFormat) -> dict[int, ExportForma
         raise ConfigError(f"layer_bits: --method {fmt.name} (bitsandbytes' layout) stores every layer at {fmt.bits} bits; "
                           "per-layer widths need --method absmax, --format compressed-tensors or --format gguf")
     if not isinstance(layer_bits, Mapping) or not layer_bits:
-        raise ConfigError(f"layer_bits must map each decoder layer's index to its bits, e.g. {{0: 8, 1: 4}}; got {layer_bits!r}")
+        got = "an empty mapping" if isinstance(layer_bits, Mapping) else type(layer_bits).__name__  # a repr could run over lines
+        raise ConfigError(f"layer_bits must map each decoder layer's index to its bits, e.g. {{0: 8, 1: 4}}; got {got}")
     formats = {}
     for layer, bits in layer_bits.items():
         index, width = as_int(layer), as_int(bits)

@@ -183,7 +183,7 @@ def test_smollm2_plan_exports_and_reloads_in_every_format(smollm2_dir, tmp_path,
     for fmt, rule, out in [(quantdiff.parse_export("absmax", 4), _absmax, tmp_path / "q"),
                            (quantdiff.parse_export("absmax", 4, format="compressed-tensors"), _absmax, tmp_path / "ct"),
                            (quantdiff.parse_export("absmax", 4, format="gguf"), _gguf_rule, tmp_path / "q.gguf")]:
-        summary = quantdiff.export_quantized(smollm2_dir, out, fmt, layer_bits=plan)
+        summary = quantdiff.export_quantized("smollm2", out, fmt, layer_bits=plan)  # by name, as `quantize --plan` will
         assert summary.description["layer_bits"] == {str(i): b for i, b in plan.items()}
         unequal = _unequal(quantdiff.load(out, dtype=torch.float32), _expected(smollm2_dir, plan, 4, rule))
         assert not unequal, (fmt.name, unequal[:5])

@@ -29,8 +29,8 @@ from quantdiff.stats.collect import collect_stats as collect_batches
 from quantdiff.stats.model_stats import ModelStats
 
 LOAD_KEYWORDS = ("device_map", "tile_size", "trust_remote_code")
-EXPORT_KEYWORDS = ("include_lm_head", "force", "attention", "allow_partial", "trust_remote_code")
-GGUF_EXPORT_KEYWORDS = ("include_lm_head", "force", "allow_partial")
+EXPORT_KEYWORDS = ("include_lm_head", "force", "attention", "allow_partial", "trust_remote_code", "layer_bits")
+GGUF_EXPORT_KEYWORDS = ("include_lm_head", "force", "allow_partial", "layer_bits")
 
 
 def _one_model(model: str | Path) -> Path:
@@ -121,7 +121,8 @@ def apply_quantization(model: nn.Module, config: sites.QuantConfig | PrecisionPl
 @check.arguments
 def export_quantized(model: str | Path, out: str | Path, fmt: ExportFormat, **kwargs: Any) -> export.ExportSummary:
     """Quantize a model's linear weights and write a model directory at `out` (see `quant.export`), or with a
-    GGUF format (`parse_export(..., format="gguf")`) the GGUF file `out` (see `quant.gguf_export`)."""
+    GGUF format (`parse_export(..., format="gguf")`) the GGUF file `out` (see `quant.gguf_export`).
+    `layer_bits={layer: bits}`: a mixed-precision plan, each decoder layer's linears at its own width (`quant.layer_bits`)."""
     from quantdiff.core.savedir import check_target
     from quantdiff.models.inputs import model_inputs
 

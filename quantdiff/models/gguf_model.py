@@ -14,6 +14,7 @@ when it differs; a file whose sizes or tensors transformers would misread is ref
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from collections import Counter
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from quantdiff.core.cache import cache_dir, cache_lock
 from quantdiff.core.errors import ConfigError, DiskFullError, LoadError
 from quantdiff.models.gguf_header import check_gguf_structure
 from quantdiff.core.manifest import file_sha256, matches_manifest, write_manifest
+from quantdiff.core.owned import GGUF_KEY
 from quantdiff.core.savedir import atomic_dir, marked_kind
 from quantdiff.models.gguf_check import check_header_sizes, dropped_tensors, refuse_dropped
 from quantdiff.models.source import SOURCE_FILE, model_source, note_given_file
@@ -54,6 +56,7 @@ def gguf_facts(path: Path, named: Path | None = None) -> dict:
         file_type = reader.get_field("general.file_type")
         tensor_types = Counter(t.tensor_type.name for t in reader.tensors)
         add_bos = reader.get_field("tokenizer.ggml.add_bos_token")  # how the model was trained to be fed
+        plan = _recorded_plan(reader.get_field(GGUF_KEY))
     except CONVERSION_ERRORS as exc:
         raise LoadError(f"unreadable GGUF file {named}: {type(exc).__name__}: {_first_line(exc)}") from None
     check_header_sizes(reader, architecture, named)
@@ -62,7 +65,19 @@ def gguf_facts(path: Path, named: Path | None = None) -> dict:
     else:  # an optional field: name the file by the type most of its tensors have
         quantization = tensor_types.most_common(1)[0][0] if tensor_types else "none"
     return {"architecture": architecture, "quantization": quantization, "tensor_types": dict(sorted(tensor_types.items())),
-            "add_bos_token": None if add_bos is None else bool(add_bos.contents())}
+            "add_bos_token": None if add_bos is None else bool(add_bos.contents()),
+            **({} if plan is None else {"layer_bits": plan})}  # a mixed-precision export's widths per decoder layer
+
+
+def _recorded_plan(field) -> dict | None:
+    """The `layer_bits` a quantdiff export's section records, or None (no section, no plan, or a section
+    quantdiff did not write: informative only, it never stops the file from loading)."""
+    try:
+        plan = json.loads(field.contents()).get("layer_bits") if field is not None else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+    valid = isinstance(plan, dict) and all(isinstance(k, str) and k.isdigit() and type(v) is int for k, v in plan.items())
+    return plan if valid else None
 
 
 def _first_line(exc: BaseException) -> str:

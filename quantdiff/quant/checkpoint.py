@@ -14,8 +14,10 @@ from quantdiff.attention.backend import DEFAULT_TILE_SIZE
 from quantdiff.core.device import resolve_device
 from quantdiff.core.errors import LoadError
 from quantdiff.models import loading
+from quantdiff.models.source import model_source
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport
 from quantdiff.quant.formats import WEIGHTS_NAME, LLMInt8Export, Tensors, format_from_section
+from quantdiff.quant.layer_bits import stored_formats
 from quantdiff.quant.numerics import PerTensor, compressed_tensors_token_fake_quantize
 from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, QuantizationHandle, apply_quantization
 from quantdiff.quant.transforms import rotate_inputs
@@ -34,7 +36,7 @@ def recorded_quantization(section: dict) -> list[dict]:
     found = []
     if isinstance(fmt, LLMInt8Export):
         found.append({"method": "llm-int8", "bits": 8, "site": "linear", "granularity": "tensor"})
-    if isinstance(fmt, CompressedTensorsExport) and fmt.bits == 8:
+    if isinstance(fmt, CompressedTensorsExport) and _w8a8_modules(section, fmt):
         found.append({"method": "compressed-tensors", "bits": 8, "site": "linear", "granularity": "row"})
     if section.get("attention") is not None:
         attention = QuantConfig.from_dict(section["attention"])
@@ -44,12 +46,26 @@ def recorded_quantization(section: dict) -> list[dict]:
     return found
 
 
+def _w8a8_modules(section: dict, fmt: CompressedTensorsExport) -> list[str]:
+    """The modules of a compressed-tensors export stored as W8A8 (whose inputs are quantized at run time): every
+    one at 8 bits, of a plan's too."""
+    return [fqn for fqn, module_fmt in stored_formats(section, fmt).items() if module_fmt.bits == 8]
+
+
 def recorded_in(path: str | Path) -> list[dict]:
     """`recorded_quantization` of the model directory `path` (none for a model that is not a quantdiff export),
     read from its config.json before any weights load."""
     file = Path(path) / "config.json"
     section = quantdiff_section(json.loads(file.read_text())) if file.is_file() else None
     return [] if section is None else recorded_quantization(section)
+
+
+def recorded_plan(path: str | Path) -> dict[str, int] | None:
+    """The per-layer bits ({"0": 8, ...}) a mixed-precision export at `path` records, else None: a quantdiff or
+    compressed-tensors export's section, or a GGUF export's (its dequantized directory's source record)."""
+    file = Path(path) / "config.json"
+    section = quantdiff_section(json.loads(file.read_text())) if file.is_file() else None
+    return (section or model_source(path) or {}).get("layer_bits")
 
 
 def _module_tensors(stored: Tensors, fqn: str) -> Tensors:
@@ -118,6 +134,7 @@ def load_quantized(
     if section is None:
         raise LoadError(f"{path} is not a quantdiff quantized checkpoint (no quantdiff quantization_config)")
     fmt = format_from_section(section)
+    formats = stored_formats(section, fmt)  # each module's own width (a mixed-precision plan's)
     file = path / WEIGHTS_NAME
     if not file.is_file():
         raise LoadError(f"no {WEIGHTS_NAME} in {path}")
@@ -143,7 +160,7 @@ def load_quantized(
         for key in encoded:
             del stored[f"{fqn}.{key}"]
         try:
-            state[f"{fqn}.weight"] = fmt.decode(encoded, module.weight.shape, stored_dtype)
+            state[f"{fqn}.weight"] = formats[fqn].decode(encoded, module.weight.shape, stored_dtype)
         except (KeyError, ValueError, RuntimeError) as exc:
             raise LoadError(f"cannot decode {fqn} in {file}: {exc}") from None
     state.update(stored)
@@ -162,8 +179,8 @@ def load_quantized(
         # bitsandbytes picks a forward's outlier columns over all its tokens (a prompt: non-causal), so the reload
         # does too (granularity tensor: per sequence), to stay what transformers + bitsandbytes compute.
         handles.append(apply_quantization(model, QuantConfig(LLMInt8Method(8, fmt.threshold, PerTensor()), inputs)))
-    if isinstance(fmt, CompressedTensorsExport) and fmt.bits == 8:
-        handles.append(compressed_tensors_inputs(model, section["modules"]))
+    if isinstance(fmt, CompressedTensorsExport) and _w8a8_modules(section, fmt):
+        handles.append(compressed_tensors_inputs(model, _w8a8_modules(section, fmt)))
     if section.get("attention") is not None:
         handles.append(apply_quantization(model, QuantConfig.from_dict(section["attention"])))
     model.quantdiff_handles = handles

@@ -23,7 +23,8 @@ one scale per row, written as the `channel` strategy.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Mapping
 
 import torch
 
@@ -34,6 +35,7 @@ from quantdiff.quant.numerics import absmax_weight_quantize, check_group_size, e
 # The compressed-tensors release this layout was written for and checked against (its `version` field).
 COMPRESSED_TENSORS_VERSION = "0.20.0"
 CT_BITS = {4: "pack-quantized", 8: "int-quantized"}  # bits -> compressed-tensors format
+MIXED_FORMAT = "mixed-precision"  # the package's CompressionFormat.mixed_precision: each config group names its format
 _OFFSET = 8  # a 4-bit code c is stored as c + 8 (the format's unsigned offset, 2^(bits-1))
 _PER_INT32 = 8  # 4-bit codes per int32 word
 # W8A8's run-time activations, as quantdiff's reload and transformers compute them (numerics.compressed_tensors_token_fake_quantize)
@@ -102,19 +104,24 @@ class CompressedTensorsExport:
                 "scale_rule": f"absmax/{2 ** (self.bits - 1) - 1} (quantdiff's; the package's own is absmax/{2 ** (self.bits - 1) - 0.5})",
                 **activations}
 
-    def hf_config(self, skipped: list[str], widths: dict[str, int]) -> dict:
-        """The `quantization_config` compressed-tensors reads: one config group per stored group size."""
-        by_group: dict[int | None, list[str]] = {}
+    def hf_config(self, skipped: list[str], widths: dict[str, int], bits: Mapping[str, int] | None = None) -> dict:
+        """The `quantization_config` compressed-tensors reads: one config group per (bits, stored group size),
+        each naming its modules in `targets`. `bits`: each module's width where they differ (a mixed-precision
+        plan, `quant.layer_bits`); the config's `format` is then "mixed-precision" and each group names its own,
+        as the package's ModelCompressor writes a model of several schemes."""
+        bits = bits or {}
+        by_group: dict[tuple[int, int | None], list[str]] = {}
         for fqn, width in widths.items():
-            by_group.setdefault(self.stored_group(width), []).append(fqn)
+            by_group.setdefault((bits.get(fqn, self.bits), self.stored_group(width)), []).append(fqn)
         single = len(by_group) == 1  # the usual case: every quantized Linear, minus the ignore list
         groups = {
-            f"group_{i}": self._scheme(["Linear"] if single else sorted(names), group)
-            for i, (group, names) in enumerate(sorted(by_group.items(), key=lambda item: item[0] or 0))
+            f"group_{i}": replace(self, bits=at)._scheme(["Linear"] if single else sorted(names), group)
+            for i, ((at, group), names) in enumerate(sorted(by_group.items(), key=lambda item: (item[0][0], item[0][1] or 0)))
         }
+        formats = {CT_BITS[at] for at, _ in by_group}
         return {
             "quant_method": "compressed-tensors",
-            "format": CT_BITS[self.bits],
+            "format": formats.pop() if len(formats) == 1 else MIXED_FORMAT,
             "config_groups": groups,
             "ignore": list(skipped),
             "quantization_status": "compressed",

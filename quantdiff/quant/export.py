@@ -7,7 +7,7 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -24,6 +24,7 @@ from quantdiff.quant.checkpoint import load as load_checkpoint, quantization_for
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport
 from quantdiff.quant.formats import WEIGHTS_NAME, AbsmaxExport, Bnb4bitExport, ExportFormat, Tensors, check_attention_recordable
 from quantdiff.quant.gguf_format import GGUFExport
+from quantdiff.quant.layer_bits import check_widths, described, module_formats, recorded
 from quantdiff.quant.sites import LinearSite, QuantConfig, linear_targets
 from quantdiff.quant.transforms import Transform, check_exportable, export_transform
 
@@ -55,6 +56,7 @@ def export_quantized(
     allow_partial: bool = False,
     trust_remote_code: bool = False,
     transform: Transform | None = None,
+    layer_bits: Mapping[int, int] | None = None,
 ) -> ExportSummary:
     """Quantize the source model's linear weights and write a complete model directory at `out`, atomically.
 
@@ -64,6 +66,8 @@ def export_quantized(
     the choice; without it the export carries no code.
     transform: a Hadamard rotation or SmoothQuant smoothing written into the weights first (`transforms.export_transform`),
     recorded as the section's `transform`.
+    layer_bits: {decoder layer index: bits}, a mixed-precision plan (`quant.layer_bits`): each decoder layer's
+    linears at its own width, lm_head (include_lm_head) at fmt's; recorded as the section's `layer_bits`.
     """
     if isinstance(fmt, GGUFExport):
         raise ConfigError("a GGUF export is one file, written by quant.gguf_export.export_gguf (quantdiff.export_quantized picks it)")
@@ -73,6 +77,8 @@ def export_quantized(
     if already is not None:  # its linear layers hold codes, not weights: there is nothing left to quantize
         raise ConfigError(f"{source} is already quantized (format {already}): quantize the unquantized model instead")
     check_exportable(transform, isinstance(fmt, AbsmaxExport))
+    if layer_bits is not None:
+        check_widths(layer_bits, fmt)  # before the (slow) load; the layer indices once the model is known
     if attention is not None:
         check_attention_recordable(fmt)
         if isinstance(attention.site, LinearSite):
@@ -85,15 +91,18 @@ def export_quantized(
     if isinstance(fmt, Bnb4bitExport):
         for fqn, module in targets:
             fmt.check_width(fqn, module.weight)
+    formats = {fqn: fmt for fqn, _ in targets} if layer_bits is None else module_formats(model, [fqn for fqn, _ in targets], fmt, layer_bits)
     tied = _tied_to_other(model, targets)
     if tied:
         raise ConfigError(f"{tied} shares its weight with another tensor (tied embeddings): it cannot be quantized alone")
-    recorded = {} if transform is None else {"transform": export_transform(model, source, transform, targets, isinstance(fmt, AbsmaxExport))}
+    extra = {} if transform is None else {"transform": export_transform(model, source, transform, targets, isinstance(fmt, AbsmaxExport))}
+    if layer_bits is not None:
+        extra.update(recorded(layer_bits, formats))
     chosen = {fqn for fqn, _ in targets}
     skipped = [fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and fqn not in chosen]
     dtype = targets[0][1].weight.dtype
     section = {
-        **fmt.describe(),
+        **described(fmt, formats.values()),
         "modules": sorted(chosen),
         "skipped_modules": skipped,
         "dtype": str(dtype).removeprefix("torch."),
@@ -101,14 +110,14 @@ def export_quantized(
         "quantdiff_version": __version__,
         "trust_remote_code": trust_remote_code,
         "source": model_source(source),  # a GGUF file: the export quantizes its dequantized weights
-        **recorded,
+        **extra,
     }
 
     tensors = _plain_tensors(model, {f"{fqn}.weight" for fqn in chosen})
     quantized_bytes = bf16_bytes = 0
     for fqn, module in targets:
-        encoded = fmt.encode(module.weight.detach())
-        _check_decodes(fmt, encoded, module.weight, fqn)
+        encoded = formats[fqn].encode(module.weight.detach())
+        _check_decodes(formats[fqn], encoded, module.weight, fqn)
         tensors.update({f"{fqn}.{key}": value.contiguous() for key, value in encoded.items()})
         quantized_bytes += sum(v.numel() * v.element_size() for v in encoded.values())
         bf16_bytes += module.weight.numel() * 2
@@ -118,7 +127,8 @@ def export_quantized(
         config["quantization_config"] = {"quant_method": "quantdiff", **section}
     elif isinstance(fmt, CompressedTensorsExport):  # compressed-tensors reads its part, quantdiff its own section
         widths = {fqn: module.in_features for fqn, module in targets}
-        config["quantization_config"] = {**fmt.hf_config(skipped, widths), "quantdiff": section}
+        bits = {fqn: module_fmt.bits for fqn, module_fmt in formats.items()}
+        config["quantization_config"] = {**fmt.hf_config(skipped, widths, bits), "quantdiff": section}
     else:  # transformers reads the bitsandbytes part, quantdiff its own section
         config["quantization_config"] = {**fmt.hf_config(skipped, dtype), "quantdiff": section}
     metadata = {"format": "pt", "quantdiff_version": __version__, "quantization_config": json.dumps(section, sort_keys=True)}

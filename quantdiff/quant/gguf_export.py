@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Mapping
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from quantdiff.quant.export import ExportSummary, _plain_tensors, _tied_to_other
 from quantdiff.quant.gguf_config import check_held, check_reloaded
 from quantdiff.quant.gguf_format import UNQUANTIZED_BITS, GGUFExport
 from quantdiff.quant.gguf_tokenizer import add_bpe_tokenizer, check_bpe_tokenizer
+from quantdiff.quant.layer_bits import check_widths, described, module_formats, recorded
 from quantdiff.quant.sites import LinearSite, linear_targets
 from quantdiff.quant.transforms import Transform, check_exportable, export_transform
 
@@ -89,16 +90,20 @@ def gguf_architecture(config: dict, source: Path) -> GGUFArchitecture:
 
 def export_gguf(
     model: str | Path, out: str | Path, fmt: GGUFExport, include_lm_head: bool = False, force: bool = False, allow_partial: bool = False,
-    revision: str | None = None, transform: Transform | None = None,
+    revision: str | None = None, transform: Transform | None = None, layer_bits: Mapping[int, int] | None = None,
 ) -> ExportSummary:
     """Quantize `model`'s decoder-layer linears (and lm_head with `include_lm_head`) to fmt's GGUF type and write
     the GGUF file `out`, atomically; it is read back and checked before it replaces anything. `model`: any name
     `quantdiff.load` takes (a GGUF source gives its own tokenizer fields); `revision` for a hub id. `transform`:
     SmoothQuant smoothing folded into the norms and weights first (a rotation is refused: llama.cpp would not
-    rotate the inputs), recorded in the file's quantdiff section."""
+    rotate the inputs), recorded in the file's quantdiff section. `layer_bits`: {decoder layer: bits}, a
+    mixed-precision plan (`quant.layer_bits`): each layer's linears in its width's type (8: Q8_0, 4: Q4_0, 16: the
+    source's float type), lm_head in fmt's; `general.file_type` names fmt's, each tensor its own type."""
     source, gguf_source, out = check_one_model(model, resolve(model, revision), "MODEL"), source_gguf_file(model), Path(out)
     _check_out(out, force, [source, *([gguf_source] if gguf_source else [])])
     check_exportable(transform, own_format=False)
+    if layer_bits is not None:
+        check_widths(layer_bits, fmt)  # before the (slow) load; the layer indices once the model is known
     config = json.loads((source / "config.json").read_text())
     arch = gguf_architecture(config, source)
     source_config = load_config(source)
@@ -111,18 +116,22 @@ def export_gguf(
     tied = _tied_to_other(network, targets)
     if tied:
         raise ConfigError(f"{tied} shares its weight with another tensor (tied embeddings): it cannot be quantized alone")
-    if fmt.bits == UNQUANTIZED_BITS:
-        fmt = GGUFExport.unquantized(network.get_input_embeddings().weight.dtype)
+    source_dtype = network.get_input_embeddings().weight.dtype
+    fmt = _resolved(fmt, source_dtype)
+    planned = {fqn: fmt for fqn, _ in targets} if layer_bits is None else module_formats(network, [fqn for fqn, _ in targets], fmt, layer_bits)
+    formats = {fqn: _resolved(module_fmt, source_dtype) for fqn, module_fmt in planned.items()}
     for fqn, module in targets:
-        fmt.check_width(fqn, module.weight)
-    recorded = {} if transform is None else {"transform": export_transform(network, source, transform, targets, own_format=False)}
-    chosen = {fqn for fqn, _ in targets}
+        formats[fqn].check_width(fqn, module.weight)
+    extra = {} if transform is None else {"transform": export_transform(network, source, transform, targets, own_format=False)}
+    if layer_bits is not None:
+        extra.update(recorded(layer_bits, formats))
+    chosen = set(formats)
     skipped = [fqn for fqn, m in network.named_modules() if isinstance(m, nn.Linear) and fqn not in chosen]
     section = {
-        **fmt.describe(), "modules": sorted(chosen), "skipped_modules": skipped, "dtype": "float32",
-        "quantdiff_version": __version__, "source": model_source(source), **recorded,
+        **described(fmt, formats.values()), "modules": sorted(chosen), "skipped_modules": skipped, "dtype": "float32",
+        "quantdiff_version": __version__, "source": model_source(source), **extra,
     }
-    tensors, quantized_bytes = _gguf_tensors(network, config, fmt, chosen, arch)
+    tensors, quantized_bytes = _gguf_tensors(network, config, formats, arch)
     bf16_bytes = sum(module.weight.numel() * 2 for _, module in targets)
     del network, targets  # the read-back below holds a second copy: not three
     with atomic_file(out, force, "--out") as tmp:
@@ -135,6 +144,11 @@ def export_gguf(
         del reloaded
     source_bytes = gguf_source.stat().st_size if gguf_source else sum(f.stat().st_size for f in source.glob("*.safetensors"))
     return ExportSummary(out, section, sorted(chosen), skipped, source_bytes, out.stat().st_size, quantized_bytes, bf16_bytes)
+
+
+def _resolved(fmt: GGUFExport, dtype: torch.dtype) -> GGUFExport:
+    """`fmt`, its 16 bits (unquantized) in the source weights' own float type."""
+    return GGUFExport.unquantized(dtype) if fmt.bits == UNQUANTIZED_BITS else fmt
 
 
 def _check_out(out: Path, force: bool, inputs: list[Path]) -> None:
@@ -153,8 +167,9 @@ def _permute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _gguf_tensors(network: nn.Module, config: dict, fmt: GGUFExport, chosen: set[str], arch: GGUFArchitecture) -> tuple[list[tuple], int]:
-    """[(gguf name, numpy data, GGML type)] in state-dict order (tied weights once), and the quantized bytes."""
+def _gguf_tensors(network: nn.Module, config: dict, formats: dict[str, GGUFExport], arch: GGUFArchitecture) -> tuple[list[tuple], int]:
+    """[(gguf name, numpy data, GGML type)] in state-dict order (tied weights once), each module of `formats`
+    in its own format's type, and the quantized bytes."""
     import gguf
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.name.upper()], config["num_hidden_layers"])
@@ -168,9 +183,9 @@ def _gguf_tensors(network: nn.Module, config: dict, fmt: GGUFExport, chosen: set
         fqn, _, leaf = name.rpartition(".")
         role = fqn.rpartition(".")[2]
         weight = _permute_rows(tensor, heads[role]) if role in heads and leaf == "weight" else tensor
-        if fqn in chosen and leaf == "weight":
-            blocks = fmt.encode(weight)["blocks"].numpy()
-            out.append((gguf_name, blocks, fmt.qtype()))
+        if fqn in formats and leaf == "weight":
+            blocks = formats[fqn].encode(weight)["blocks"].numpy()
+            out.append((gguf_name, blocks, formats[fqn].qtype()))
             quantized_bytes += blocks.nbytes
         else:
             out.append((gguf_name, weight.detach().float().numpy(), gguf.GGMLQuantizationType.F32))

@@ -28,7 +28,8 @@ def info(
 
     Loads each model on the quantdiff backend and prints its architecture, attention kind, parameter counts (with
     the parameters its attention kind adds: λ, an output gate, sink logits) and source (a GGUF file is
-    dequantized: what quantdiff measures is the dequantized model)."""
+    dequantized: what quantdiff measures is the dequantized model). A mixed-precision export's per-layer bits
+    follow the table."""
     from rich.table import Table
 
     from quantdiff.attention.backend import taps
@@ -39,7 +40,8 @@ def info(
     from quantdiff.models.pairs import added_parameter_count, parameter_count
     from quantdiff.models.source import describe_source, model_source
     from quantdiff.models.structure import attention_kind
-    from quantdiff.quant.checkpoint import load
+    from quantdiff.quant.checkpoint import load, recorded_plan
+    from quantdiff.quant.layer_bits import plan_phrase
     from quantdiff.report.console import table_console
 
     target = resolve_device(device, "--device")  # before any loading: a bad name costs nothing
@@ -54,7 +56,7 @@ def info(
             "layers": len(taps(model)), "heads": cfg.num_attention_heads,
             "kv_heads": getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
             "parameters": parameter_count(model), "added_parameters": added_parameter_count(model),
-            "device": str(next(model.parameters()).device), "source": model_source(path),
+            "device": str(next(model.parameters()).device), "source": model_source(path), "layer_bits": recorded_plan(path),
         })
         del model
     table = Table(title="quantdiff models")
@@ -65,5 +67,9 @@ def info(
             r["name"], r["architecture"], ATTENTION_LABELS[r["attention"]], str(r["layers"]), f"{r['heads']} ({r['kv_heads']})",
             f"{r['parameters']:,}", f"{r['added_parameters']:,}", r["device"], describe_source(r["source"]) or "safetensors",
         )
-    table_console(table, stderr=to_stdout(json_path), quiet=quiet).print(table)
+    console = table_console(table, stderr=to_stdout(json_path), quiet=quiet)
+    console.print(table)
+    for r in records:
+        if r["layer_bits"] is not None:
+            console.print(f"{r['name']}: a mixed-precision export, {plan_phrase(r['layer_bits'])}")
     write_result(json_path, "info", {"models": records}, force)

@@ -115,6 +115,7 @@ def quantize(
 def summary_lines(summary, trust_remote_code: bool, attention) -> list[str]:
     """What an export holds, one line each: format, scale rule, source, sizes, modules, kept code, remedies, attention."""
     from quantdiff.models.source import describe_source
+    from quantdiff.quant.layer_bits import plan_phrase
 
     d = summary.description
     lines = [f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}"]
@@ -130,6 +131,8 @@ def summary_lines(summary, trust_remote_code: bool, attention) -> list[str]:
         f"quantized weights {summary.quantized_bytes / summary.quantized_bf16_bytes:.2f}× their bf16 size"
     )
     lines.append(f"modules quantized: {len(summary.modules)}; skipped (kept in {d['dtype']}): {', '.join(summary.skipped) or 'none'}")
+    if "layer_bits" in d:
+        lines.append(f"per-layer widths (a mixed-precision plan): {plan_phrase(d['layer_bits'])}")
     if trust_remote_code:
         lines.append("kept the model's own code (*.py, auto_map), recorded as trust_remote_code")
     recorded = d.get("transform")

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from quantdiff.core.atomic import write_json
+from quantdiff.eval.sensitivity import MEASURES
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "damage"
@@ -95,6 +96,42 @@ def markdown_top(summary: dict) -> str:
     return "\n".join(rows)
 
 
+ARM_NAMES = {"standard": "standard", "diff": "Diff V1", "diffv2": "DIFF V2"}
+
+
+def real_tables(summary: dict, results: dict[str, dict]) -> str:
+    """The real models' maps, one row per run: the whole site, the top layers, the massive-activation layers; then
+    Spearman's ρ of each outlier measure against mean KL."""
+    rows = ["| model | method | bits | granularity | whole-site mean KL | whole-site same top-1 | top 3 layers (share of Σ one-layer KL) | "
+            "first massive layer: rank, share | massive layers' share (of layers) | additivity |", "|---|---|---:|---|---:|---:|---|---|---|---:|"]
+    rho = ["| model | method | bits | granularity | " + " | ".join(MEASURES) + " |", "|---|---|---:|---|" + "---:|" * len(MEASURES)]
+    for stem, run in summary.items():
+        if stem.startswith("bb-"):
+            continue
+        [site] = run["sites"]
+        whole, massive = results[stem]["sites"][0]["additivity"]["measured_whole"], site["massive"]
+        top = ", ".join(f"{e['layer']} ({e['share']:.0%})" for e in site["top"][:3])
+        head = f"| {run['model']} | {run['method']} | {run['bits']} | {run['granularity']} |"
+        rows.append(f"{head} {whole['kld_mean']:.3g} | {whole['same_top1']:.3f} | {top} | layer {massive['first']}: {massive['first_rank']} of "
+                    f"{site['layers']}, {massive['first_share']:.1%} | {massive['flagged_share']:.0%} ({massive['flagged_fraction_of_layers']:.0%}) | "
+                    f"{site['additivity']:.2f} |")
+        rho.append(head + " " + " | ".join("–" if site["spearman"][m] is None else f"{site['spearman'][m]:+.2f}" for m in MEASURES) + " |")
+    return "\n".join(rows) + "\n\n" + "\n".join(rho)
+
+
+def arms_table(results: dict[str, dict]) -> str:
+    """The shipped bb arms' per-layer profiles: each layer's mean KL alone, the whole site's, and the additivity."""
+    rows = ["| arm | site | bits | layer 0 alone | layer 1 alone | whole site | whole-site same top-1 | additivity |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for arm, name in ARM_NAMES.items():
+        for site_name in ("linear", "kv"):
+            for bits in (2, 3, 4):
+                site = next(s for s in results[f"bb-{arm}-absmax-{bits}b"]["sites"] if s["site"] == site_name)
+                alone = " | ".join(f"{e['damage']['kld_mean']:.3g}" for e in site["layers"])
+                whole = site["additivity"]["measured_whole"]
+                rows.append(f"| {name} | {site_name} | {bits} | {alone} | {whole['kld_mean']:.3g} | {whole['same_top1']:.3f} | {site['additivity']['ratio']:.2f} |")
+    return "\n".join(rows)
+
+
 def run_all() -> list[dict]:
     records = []
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
@@ -109,14 +146,15 @@ def run_all() -> list[dict]:
 
 
 def summarize() -> None:
-    summary = {}
+    """summary.json, and the tables README.md shows (printed)."""
+    summary, results = {}, {}
     for stem, *_ in RUNS:
-        result = json.loads((OUT / f"{stem}.json").read_text())
+        result = results[stem] = json.loads((OUT / f"{stem}.json").read_text())
         summary[stem] = {"model": result["model"], "method": result["method"], "bits": result["bits"], "granularity": result["granularity"],
                          "tokens": result["tokens"], "sites": map_summary(result)}
-        for site in summary[stem]["sites"]:
-            print(f"\n### {stem}, site {site['site']} (whole site mean KL {site['whole_kld_mean']:.4f}, additivity {site['additivity']:.2f}, "
-                  f"massive {site['massive']})\n\n{markdown_top(site)}")
+        for site in summary[stem]["sites"] if not stem.startswith("bb-") else ():
+            print(f"\n### {stem}: the top layers\n\n{markdown_top(site)}")
+    print(f"\n{real_tables(summary, results)}\n\n{arms_table(results)}")
     write_json(OUT / "summary.json", summary, force=True)
 
 

@@ -1,5 +1,6 @@
 """results/damage (issue 55 item 5): scripts/damage_maps.py's summaries against hand-computed ones, and every published
-map parses with the `quantdiff.sensitivity` schema, one entry per layer, as runs.json and summary.json say."""
+map parses with the `quantdiff.sensitivity` schema, one entry per layer, as runs.json and summary.json say, and
+README.md's tables are the script's."""
 
 from __future__ import annotations
 
@@ -71,3 +72,12 @@ def test_published_maps_parse_with_the_sensitivity_schema():
                 assert entry["damage"]["tokens"] == result["tokens"] and entry["damage"]["kld_mean"] >= 0
             assert site["additivity"]["measured_whole"]["kld_mean"] > 0
         assert summary[stem]["sites"] == json.loads(json.dumps(maps.map_summary(result)))
+
+
+@pytest.mark.skipif(not (OUT / "summary.json").exists(), reason="results/damage not generated")
+def test_the_readme_shows_the_tables_the_script_prints_from_the_maps():
+    summary = json.loads((OUT / "summary.json").read_text())
+    results = {stem: json.loads((OUT / f"{stem}.json").read_text()) for stem, *_ in maps.RUNS}
+    readme = (OUT / "README.md").read_text()
+    for line in (maps.real_tables(summary, results) + "\n" + maps.arms_table(results)).splitlines():
+        assert line in readme, line

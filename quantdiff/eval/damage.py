@@ -83,10 +83,11 @@ def damages(
     configs: Sequence[sites.QuantConfig],
     stats_k: int | None = None,
     progress: Callable[[int], None] | None = None,
+    allow_partial: bool = False,
 ) -> tuple[list[dict], ModelStats | None]:
     """The damage of each config against `model` unquantized, on `batches`; with `stats_k`, also the outlier
     statistics (`collect_stats`'s, Top-k of `stats_k`) from the hooks of the very full-precision forwards the
-    damage is measured against. progress(1) after each forward."""
+    damage is measured against. progress(1) after each forward; allow_partial as `sites.quantized`'s."""
     collector = None if stats_k is None else StatsCollector(model, stats_k)
     gathered: list[dict[str, list[torch.Tensor]]] = [{name: [] for name in PER_TOKEN} for _ in configs]
     device = next(model.parameters()).device
@@ -101,7 +102,7 @@ def damages(
             if progress is not None:
                 progress(1)
             for config, into in zip(configs, gathered):
-                with sites.quantized(model, config):
+                with sites.quantized(model, config, allow_partial):
                     quant = _logits(model, batch)
                 for name, value in per_token(full, quant, batch).items():
                     into[name].append(value)

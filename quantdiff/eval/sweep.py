@@ -24,6 +24,7 @@ from quantdiff.quant.kv_plan import KVPlan, measured_bits
 from quantdiff.quant.precision_plan import PlannedConfig
 from quantdiff.quant.sites import KVSite, LinearSite, QuantConfig, linear_targets, parse_config, quantized
 from quantdiff.quant.transforms import Transform, transform_record
+from quantdiff.eval.cell_damage import cell_damages
 from quantdiff.eval.scoring import counting_scored_logits
 from quantdiff.eval.tasks.registry import Task
 
@@ -48,6 +49,7 @@ class Cell:
     recorded: list[dict] | None = None  # what the model's export quantizes at run time (`checkpoint.recorded_quantization`)
     layers: list[int] | None = None  # the decoder layers quantized (`QuantConfig.layers`); None: every layer
     precision_plan: dict | None = None  # a mixed-precision plan's widths (`PrecisionPlan.record`); bits is then their average
+    damage: dict | None = None  # KL divergence etc. against the model unquantized (`eval.cell_damage`); None: not measured
 
     @property
     def causal(self) -> bool:
@@ -65,7 +67,7 @@ class Cell:
 
     def to_dict(self) -> dict[str, Any]:
         optional = {k: v for k, v in (("group_size", self.group_size), ("transform", self.transform), ("kv_plan", self.kv_plan), ("recorded", self.recorded),
-                                      ("layers", self.layers), ("precision_plan", self.precision_plan)) if v is not None}
+                                      ("layers", self.layers), ("precision_plan", self.precision_plan), ("damage", self.damage)) if v is not None}
         blocks = {} if self.blocks is None else {"blocks": self.blocks}
         return {"model": self.model, "task": self.task, "method": self.method, "bits": self.bits, "site": self.site,
                 "granularity": self.granularity, "causal": self.causal, **optional, **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits, **blocks}
@@ -255,9 +257,17 @@ def run_model_cells(
     include_reference: bool = True,
     allow_partial: bool = False,
     blocks: int | None = None,
+    damage: bool = False,
 ) -> list[Cell]:
-    """One model's cells on data already prepared for its tokenizer: the reference first, then each config."""
-    return [run_cell(model, name, task, prepared, config, progress, allow_partial, blocks) for config in ([None] if include_reference else []) + list(configs)]
+    """One model's cells on data already prepared for its tokenizer: the reference first, then each config.
+    damage: each config's cell also carries its damage against the model unquantized (`eval.cell_damage`), all
+    configs measured together after the cells; the reference carries none."""
+    cells = [run_cell(model, name, task, prepared, config, progress, allow_partial, blocks) for config in ([None] if include_reference else []) + list(configs)]
+    if not damage or not configs:
+        return cells
+    measured = cell_damages(model, task, prepared, configs, task.batch_size, progress, name, allow_partial)
+    first = len(cells) - len(configs)  # the reference, when included, comes first
+    return cells[:first] + [dataclasses.replace(cell, damage=fields) for cell, fields in zip(cells[first:], measured)]
 
 
 def run_sweep(
@@ -289,8 +299,8 @@ def cells_from_json(data: dict[str, Any]) -> list[Cell]:
     """Cells of a sweep JSON. A quantized cell written before cells recorded their granularity ran per sequence:
     it reads back as granularity tensor (non-causal)."""
     keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks", "kv_plan", "granularity", "causal", "recorded", "layers",
-            "precision_plan")
+            "precision_plan", "damage")
     return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0), d.get("group_size"),
                  d.get("transform"), d.get("blocks"), d.get("kv_plan"), d.get("granularity", None if d["method"] is None else "tensor"), d.get("recorded"),
-                 d.get("layers"), d.get("precision_plan"))
+                 d.get("layers"), d.get("precision_plan", "damage"))
             for d in data["cells"]]

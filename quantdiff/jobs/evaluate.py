@@ -70,10 +70,12 @@ def run_prepared(
     allow_partial: bool = False,
     trust_remote_code: bool = False,
     blocks: int | None = None,
+    damage: bool = False,
 ) -> list[Cell]:
     """Load each model in turn (only one in memory) and run its cells on its prepared data. Smoothing
     configurations are calibrated on each model first, its sequences opened as its data is (BOS or not).
-    blocks: also evaluate each cell in that many blocks of items (`eval.sweep.split_blocks`)."""
+    blocks: also evaluate each cell in that many blocks of items (`eval.sweep.split_blocks`). damage: each quantized
+    cell also carries its damage against the model unquantized (`eval.sweep.run_model_cells`)."""
     from quantdiff.quant.checkpoint import load
     from quantdiff.quant.transforms import calibrated_configs
 
@@ -89,7 +91,7 @@ def run_prepared(
             if len(prepared.tokenizer) > model.config.vocab_size:
                 raise LoadError(f"{prepared.path}: the tokenizer has {len(prepared.tokenizer)} tokens, the model only {model.config.vocab_size}")
             model_configs = calibrated_configs(configs, model, prepared.tokenizer, prepared.bos.token_id)
-            cells.extend(run_model_cells(prepared.name, model, task, prepared.data, model_configs, progress, include_reference, allow_partial, blocks))
+            cells.extend(run_model_cells(prepared.name, model, task, prepared.data, model_configs, progress, include_reference, allow_partial, blocks, damage))
             del model
     return cells
 

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from quantdiff.core.atomic import atomic_file
 from quantdiff.core.owned import plot_metadata
+from quantdiff.eval.cell_damage import SHOWN
 from quantdiff.eval.sweep import Cell, cell_label
 from quantdiff.report.numbers import number
 
@@ -18,7 +19,9 @@ METRIC_DECIMALS = 4  # metrics are fractions and losses: fixed decimals keep the
 
 
 def sweep_table(cells: Sequence[Cell], metrics: Sequence[str], headline: str, title: str | None = None) -> Table:
-    """A rich table, one row per cell, with the `headline` metric's change from the model's reference."""
+    """A rich table, one row per cell, with the `headline` metric's change from the model's reference, and where any
+    cell carries its damage (`eval.cell_damage`), its mean KL divergence (4 significant digits: it spans decades)
+    and same-top-1 rate."""
     reference = {c.model: c.metrics.get(headline) for c in cells if c.is_reference}
     table = Table(title=title)
     table.add_column("model")
@@ -26,6 +29,9 @@ def sweep_table(cells: Sequence[Cell], metrics: Sequence[str], headline: str, ti
     for metric in metrics:
         table.add_column(metric, justify="right")
     table.add_column(f"Δ {headline}", justify="right")
+    damaged = any(c.damage is not None for c in cells)
+    for _, title in SHOWN if damaged else ():
+        table.add_column(title, justify="right")
     flagged = any(not c.valid for c in cells)
     if flagged:
         table.add_column("invalid")
@@ -34,7 +40,9 @@ def sweep_table(cells: Sequence[Cell], metrics: Sequence[str], headline: str, ti
         base, value = reference.get(c.model), c.metrics.get(headline)
         delta = "" if c.is_reference or base is None or value is None else f"{value - base:+.4f}"
         # Text, not markup: a label's "[tensor, non-causal]" would be read as a style tag and vanish.
-        table.add_row(Text(c.model), Text(cell_label(c)), *values, delta, *([invalid_reason(c)] if flagged else []))
+        damage = [] if not damaged else ["" if c.damage is None else number(c.damage.get(key), decimals=None if key == "kld_mean" else METRIC_DECIMALS)
+                                         for key, _ in SHOWN]
+        table.add_row(Text(c.model), Text(cell_label(c)), *values, delta, *damage, *([invalid_reason(c)] if flagged else []))
     return table
 
 

@@ -25,6 +25,7 @@ NeedlesOpt = Annotated[Optional[int], typer.Option("--needles", help="Needles pe
 DepthOpt = Annotated[Optional[float], typer.Option("--depth", help="Depth in [0, 1] of every needle (0 = start of the filler, 1 = its end); default: random per needle.")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed of the generated data (cloze set, needle documents); default 0.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
+NoDamageOpt = Annotated[bool, typer.Option("--no-damage", help="Leave out each quantized cell's damage against the model unquantized (mean, p99 and max KL divergence, same top-1, RMS Δp, Δ loss on the task's own sequences; docs/damage.md), which costs one more forward per batch for each cell and one full-precision one per model.")]
 GranularityOpt = Annotated[str, typer.Option("--granularity", help="Scales: row (default, causal: one per token for linear inputs and Q/K, per query row for logits, per token and KV head for kv; LLM.int8 outliers per token), tensor (NON-CAUSAL: one per sequence, KIVI over the sequence at kv; the former default, used by the published results up to issue 44) or column (NON-CAUSAL: per channel over the sequence).")]
 
 
@@ -43,6 +44,7 @@ def sweep(
     granularity: GranularityOpt = "row",
     layers: LayersOpt = None,
     plan_file: PlanOpt = None,
+    no_damage: NoDamageOpt = False,
     blocks: Annotated[Optional[int], typer.Option("--blocks", help="Also evaluate every cell in N contiguous blocks of the items and record each block's metrics in the JSON (intervals by batch means); the cell's metrics pool them exactly. Tasks lm and bb.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the Figure-8-style chart (PNG, PDF or SVG).")] = None,
     json_path: JsonOpt = None,
@@ -115,7 +117,8 @@ def sweep(
         notes.print(f"[yellow]skipped {line}[/yellow]")
     bars_quiet = quiet or str(json_path) == "-"  # the JSON is stdout's whole content
     prepared = prepare_models(specs, the_task, limit, bos, target, trust_remote_code)
-    cells = run_prepared(prepared, the_task, plan.configs, target, bars_quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code, blocks=blocks)
+    cells = run_prepared(prepared, the_task, plan.configs, target, bars_quiet, allow_partial=allow_partial, trust_remote_code=trust_remote_code, blocks=blocks,
+                          damage=not no_damage)
     report(cells, the_task, json_path, quiet, model_sources(specs), {m.name: m.bos for m in prepared}, force)
     if plot is not None:
         from quantdiff.report.sweep_report import cell_points, plot_sweep
@@ -140,6 +143,7 @@ def evaluate(
     granularity: GranularityOpt = "row",
     layers: LayersOpt = None,
     plan_file: PlanOpt = None,
+    no_damage: NoDamageOpt = False,
     json_path: JsonOpt = None,
     data: DataOpt = None,
     limit: LimitOpt = None,
@@ -203,6 +207,6 @@ def evaluate(
     prepared = prepare_models(specs, the_task, limit, bos, target, trust_remote_code)
     cells = run_prepared(
         prepared, the_task, configs, target, quiet or str(json_path) == "-", include_reference=not configs,
-        allow_partial=allow_partial, trust_remote_code=trust_remote_code,
+        allow_partial=allow_partial, trust_remote_code=trust_remote_code, damage=not no_damage,
     )
     report(cells, the_task, json_path, quiet, model_sources(specs), {m.name: m.bos for m in prepared}, force)

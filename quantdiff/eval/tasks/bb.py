@@ -77,6 +77,11 @@ class BBTask:
         return {"accuracy": correct / n_copy, "bigram_kl": kl / n_bigram, "backcopy_loss": copy_nll / n_copy,
                 "bigram_loss": bigram_nll / n_bigram, "backcopy_positions": int(n_copy), "bigram_positions": int(n_bigram)}
 
+    def damage_sequences(self, prepared: PreparedBB) -> list[list[int]]:
+        """Each sequence's inputs (its first `context` tokens, what the task feeds the model): the damage scores
+        every target the task scores but the last, which no input position of the sequence predicts."""
+        return [row[:-1] for row in prepared.sequences]
+
     def pool(self, blocks: list[dict[str, float]]) -> dict[str, float]:
         """The metrics of the union of disjoint blocks of sequences, from each block's metrics (position-weighted)."""
         weight = {"accuracy": "backcopy_positions", "backcopy_loss": "backcopy_positions", "bigram_kl": "bigram_positions", "bigram_loss": "bigram_positions"}

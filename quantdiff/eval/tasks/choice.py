@@ -96,6 +96,16 @@ class ChoiceTask:
         ]
         return PreparedChoice(items, requests)
 
+    def damage_sequences(self, prepared: PreparedChoice) -> list[list[int]]:
+        """Each item's context followed by its correct ending, as the task tokenizes them: running text, once per
+        item (the wrong endings are not text anyone writes, and every ending would repeat the context)."""
+        sequences, first = [], 0
+        for item in prepared.items:
+            context, ending = prepared.requests[first + item.label]
+            sequences.append(context + ending)
+            first += len(item.endings)
+        return sequences
+
     def evaluate(self, model: nn.Module, prepared: PreparedChoice, progress: Progress | None = None) -> dict[str, float]:
         scores = iter(score_targets(model, prepared.requests, self.batch_size, progress))
         logliks = [[next(scores).logprob for _ in item.endings] for item in prepared.items]

@@ -68,6 +68,10 @@ class LMTask:
         scores = score_targets(model, [(w[:1], w[1:]) for w in prepared.windows], self.batch_size, progress)
         return lm_metrics(sum(s.logprob for s in scores), sum(s.n_tokens for s in scores), sum(s.n_correct for s in scores))
 
+    def damage_sequences(self, prepared: PreparedLM) -> list[list[int]]:
+        """The windows themselves: the damage scores exactly the tokens the task scores."""
+        return prepared.windows
+
     def pool(self, blocks: list[dict[str, float]]) -> dict[str, float]:
         """The metrics of the union of disjoint blocks of windows, from each block's metrics (token-weighted)."""
         tokens = [b["tokens"] for b in blocks]

@@ -32,6 +32,10 @@ class Task(Protocol):
     def evaluate(self, model: nn.Module, prepared: Any, progress: Progress | None = None) -> dict[str, float]:
         """Metrics by name; calls `progress(n)` as units finish."""
 
+    def damage_sequences(self, prepared: Any) -> list[list[int]]:
+        """The token sequences a quantized cell's damage is measured on (`eval.cell_damage`, docs/damage.md):
+        every position after the first predicts the next token of its sequence."""
+
 
 TASKS: dict[str, type] = {"lm": LMTask, "choice": ChoiceTask, "retrieval": RetrievalTask, "bb": BBTask}
 

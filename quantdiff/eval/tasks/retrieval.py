@@ -197,6 +197,10 @@ class RetrievalTask:
         examples = self.make_examples(tokenizer, limit, self.context_tokens - (bos_id is not None))
         return PreparedRetrieval([encode_example(tokenizer, ex, bos_id) for ex in examples])
 
+    def damage_sequences(self, prepared: PreparedRetrieval) -> list[list[int]]:
+        """Each document followed by its true answer: the teacher-forced sequence the attention scores run on."""
+        return [item.prompt_ids + item.answer_ids for item in prepared.items]
+
     def evaluate(self, model: nn.Module, prepared: PreparedRetrieval, progress: Progress | None = None) -> dict[str, float]:
         longest = max((len(it.prompt_ids) + len(it.answer_ids) for it in prepared.items), default=0)
         check_sequence_fits(longest, model.config, self.batch_size, "a retrieval document", model_device(model))

@@ -18,6 +18,7 @@ from quantdiff.models import loading
 from quantdiff.models.names import resolve
 from quantdiff.models.pairs import build_pair
 from quantdiff.quant.layer_bits import plan_phrase
+from quantdiff.quant.precision_plan import save_plan
 from tests.test_export import IDS, PRESET
 from tests.test_export_formats import _naive_q4_0, _naive_q8_0
 
@@ -187,3 +188,27 @@ def test_smollm2_plan_exports_and_reloads_in_every_format(smollm2_dir, tmp_path,
         assert summary.description["layer_bits"] == {str(i): b for i, b in plan.items()}
         unequal = _unequal(quantdiff.load(out, dtype=torch.float32), _expected(smollm2_dir, plan, 4, rule))
         assert not unequal, (fmt.name, unequal[:5])
+
+
+def test_quantize_plan_exports_the_plans_widths(source, tmp_path, capsys):
+    """`quantdiff quantize --plan`: the plan file's widths (sensitivity's `--out`) reach the export layer by layer."""
+    from tests.test_precision_plan import _plan
+
+    save_plan(_plan(bits=(8, 4)), tmp_path / "plan.json")
+    main(["quantize", str(source), "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "q")])
+    assert "8 bits: layer 0; 4 bits: layer 1" in _printed(capsys)
+    assert not _unequal(quantdiff.load(tmp_path / "q"), _expected(source, PLAN, 8, _absmax))
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"method": "llm-int8", "bits": (8, 8), "candidates": (8,), "budget_bits": 8.0}, "takes a plan measured with --method absmax --site linear"),
+    ({"bits": (8, 4, 4), "budget_bits": 6.0}, "layer_bits: layer 2 is out of range"),
+])
+def test_quantize_refuses_a_plan_it_cannot_export(source, tmp_path, capsys, changes, message):
+    from tests.test_precision_plan import _plan
+
+    save_plan(_plan(**{"bits": (8, 4), **changes}), tmp_path / "plan.json")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["quantize", str(source), "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "q")])
+    assert exit_info.value.code != 0 and message in _printed(capsys)
+    assert not (tmp_path / "q").exists()

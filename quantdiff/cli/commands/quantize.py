@@ -14,7 +14,7 @@ from quantdiff.cli.transform_options import CalibrationOpt, CalibrationTokensOpt
 def quantize(
     model: Annotated[str, typer.Argument(help="Model directory, GGUF file (dequantized first), built-in name (tiny/diff, smollm2, gemma3) or hub id (org/name).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output model directory, or FILE.gguf with --format gguf (written atomically).")],
-    bits: Annotated[str, typer.Option("--bits", help="absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4; compressed-tensors: 4 (W4A16) or 8 (W8A8); gguf: 8 (Q8_0), 4 (Q4_0) or 16 (unquantized: the source's own F32/F16/BF16, the reference).")] = "4",
+    bits: Annotated[Optional[str], typer.Option("--bits", help="Default 4. absmax: 2–8 or 16; llm-int8: 8; nf4/fp4: 4; compressed-tensors: 4 (W4A16) or 8 (W8A8); gguf: 8 (Q8_0), 4 (Q4_0) or 16 (unquantized: the source's own F32/F16/BF16, the reference). With --plan: lm_head's width (--include-lm-head); default the plan's widest.")] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="absmax (packed, ours; the default), llm-int8, nf4 or fp4 (bitsandbytes layouts): for --format quantdiff.")] = None,
     export_format: Annotated[str, typer.Option("--format", help="quantdiff (a model directory, --method's layout), compressed-tensors (a model directory vLLM and transformers load; our absmax weights) or gguf (one file for llama.cpp: Q8_0 / Q4_0, or unquantized; Llama, Qwen2, Qwen3).")] = "quantdiff",
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="absmax: one scale per group of G inputs of each output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group). Default: one per output channel.")] = None,
@@ -25,6 +25,7 @@ def quantize(
     attention_method: Annotated[Optional[str], typer.Option("--attention-method", help="absmax (default) or llm-int8 (with --attention-bits).")] = None,
     attention_site: Annotated[Optional[str], typer.Option("--attention-site", help="logits (default), qk or kv (with --attention-bits).")] = None,
     attention_granularity: Annotated[Optional[str], typer.Option("--attention-granularity", help="row (default, causal: per token, query row, or token and KV head) or tensor (NON-CAUSAL: one scale per sequence, the former default), with --attention-bits.")] = None,
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="A mixed-precision plan (`quantdiff sensitivity --plan-budget --out`, site linear, absmax): each decoder layer's linear weights at the plan's width for it; --format quantdiff (absmax), compressed-tensors (4 and 8) or gguf (4, 8, 16).")] = None,
     rotate: RotateOpt = None,
     smooth: SmoothOpt = None,
     calibration: CalibrationOpt = None,
@@ -70,7 +71,10 @@ def quantize(
     if method != "absmax":
         refuse_unused(f"with --method {method} (group-wise scales are an absmax option)", group_size=group_size)
     check_positive(threshold=threshold, group_size=group_size)  # also refuses nan and inf: an export with them would never load
-    fmt = parse_export(method, bits, LLM_INT8_THRESHOLD if threshold is None else threshold, group_size, export_format)
+    layer_bits = None
+    if plan is not None:
+        layer_bits, bits = _plan_widths(plan, bits)
+    fmt = parse_export(method, bits or "4", LLM_INT8_THRESHOLD if threshold is None else threshold, group_size, export_format)
     attention = None
     if attention_bits is None:
         refuse_unused("without --attention-bits", attention_method=attention_method, attention_site=attention_site, attention_granularity=attention_granularity)
@@ -94,11 +98,12 @@ def quantize(
     task = make_cli_task(eval_task, batch_size=8, data=data, context=context) if eval_task is not None else None
     tokenizer = load_tokenizer(sources[0]) if task is not None else None
     if gguf:
-        summary = export_gguf(model, out, fmt, include_lm_head=include_lm_head, force=force, allow_partial=allow_partial, revision=revision, transform=transform)
+        summary = export_gguf(model, out, fmt, include_lm_head=include_lm_head, force=force, allow_partial=allow_partial, revision=revision,
+                              transform=transform, layer_bits=layer_bits)
     else:
         summary = export_quantized(
             sources[0], out, fmt, include_lm_head=include_lm_head, force=force, attention=attention, allow_partial=allow_partial,
-            trust_remote_code=trust_remote_code, transform=transform,
+            trust_remote_code=trust_remote_code, transform=transform, layer_bits=layer_bits,
         )
     console = result_console(json_path, quiet)
     for line in summary_lines(summary, trust_remote_code, attention):
@@ -110,6 +115,20 @@ def quantize(
                   "quantized_weights_bf16": summary.quantized_bf16_bytes},
         "eval": evaluated,
     }, force)
+
+
+def _plan_widths(path: Path, bits: str | None) -> tuple[dict[int, int], str]:
+    """The plan's width per decoder layer, and the format's own width (lm_head's): --bits, else the plan's widest.
+    A plan measured at another site or with LLM.int8 is refused: exports write absmax-style weight codes."""
+    from quantdiff.core.errors import ConfigError
+    from quantdiff.quant.precision_plan import load_plan
+
+    loaded = load_plan(path)
+    if loaded.site != "linear" or loaded.method != "absmax":
+        raise ConfigError(f"--plan {path}: a plan at site {loaded.site} with {loaded.method}; an export writes absmax weight codes, "
+                          "so it takes a plan measured with --method absmax --site linear")
+    layer_bits = loaded.bits_per_layer()
+    return layer_bits, bits if bits is not None else str(max(layer_bits.values()))
 
 
 def summary_lines(summary, trust_remote_code: bool, attention) -> list[str]:

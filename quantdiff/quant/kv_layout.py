@@ -31,7 +31,7 @@ import torch
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.core.integers import as_int
-from quantdiff.quant.kv_engines import BLOCK, ENGINE_BITS, OFFSETS, QUANTIZERS
+from quantdiff.quant.kv_engines import DESCRIPTIONS, ENGINE_BITS, GROUPS, OFFSETS, QUANTIZERS
 from quantdiff.quant.numerics import check_bits, check_group_size, qmax
 
 KEY_AXES = ("channel", "token")
@@ -44,7 +44,8 @@ class KVLayout:
     values are always per token. zero_point: asymmetric min/max grid (KIVI) or symmetric absmax. group_size:
     channels per scale of a per-token row (None: the whole row). residual: tokens kept in float until they complete
     a block of that many (0: every token quantized as written; needs keys per token). engine: an engine's own
-    quantizer instead of quantdiff's (`quant.kv_engines`: "q8_0", "q4_0"), per token in blocks of 32 channels."""
+    quantizer instead of quantdiff's (`quant.kv_engines`: llama.cpp's "q8_0", "q4_0", per token in blocks of 32
+    channels; vLLM's "vllm-int8-head", "vllm-fp8-head", per token and KV head)."""
 
     keys: str = "channel"
     zero_point: bool = True
@@ -67,8 +68,8 @@ class KVLayout:
         if self.engine is not None:
             if self.engine not in QUANTIZERS:
                 raise ConfigError(f"kv layout: unknown engine mode {self.engine!r} (choose from {', '.join(QUANTIZERS)})")
-            if (self.keys, self.zero_point, self.group_size, residual) != ("token", False, BLOCK, 0):
-                raise ConfigError(f"kv layout: llama.cpp's {self.engine} is per token in blocks of {BLOCK} channels, symmetric, with no residual")
+            if (self.keys, self.zero_point, self.group_size, residual) != ("token", False, GROUPS[self.engine], 0):
+                raise ConfigError(f"kv layout: {DESCRIPTIONS[self.engine].split(':')[0]} is {_engine_shape(self.engine)}, symmetric, with no residual")
 
     def check_bits(self, bits: int) -> None:
         """ConfigError when an engine mode is asked for a width its engine does not have."""
@@ -83,7 +84,7 @@ class KVLayout:
     @property
     def name(self) -> str:
         if self.engine is not None:
-            return f"llama.cpp {self.engine}: per token, blocks of {BLOCK} channels, fp16 scales, ggml's rounding"
+            return DESCRIPTIONS[self.engine]
         keys = f"keys per channel over {self.residual}-token blocks" if self.keys == "channel" else "keys per token"
         groups = "" if self.group_size is None else f" in groups of {self.group_size} channels"
         grid = "asymmetric (zero-point)" if self.zero_point else "symmetric absmax"
@@ -107,7 +108,12 @@ class KVLayout:
 
 KIVI = KVLayout()
 TOKEN = KVLayout(keys="token", zero_point=False, residual=0)
-ENGINE_LAYOUTS = {name: KVLayout("token", False, BLOCK, 0, name) for name in QUANTIZERS}
+def _engine_shape(engine: str) -> str:
+    group = GROUPS[engine]
+    return "per token and KV head" if group is None else f"per token in blocks of {group} channels"
+
+
+ENGINE_LAYOUTS = {name: KVLayout("token", False, GROUPS[name], 0, name) for name in QUANTIZERS}
 LAYOUTS = {"kivi": KIVI, "token": TOKEN, **ENGINE_LAYOUTS}
 
 
@@ -118,7 +124,9 @@ def layout_named(name: str, group_size: int | None = None, residual: int | None 
     base = LAYOUTS[name]
     if base.engine is not None:
         if group_size is not None or residual is not None:
-            raise ConfigError(f"kv layout {name} is llama.cpp's own: its blocks of {BLOCK} channels and its lack of a residual are fixed")
+            group = GROUPS[name]
+            shape = "one scale per token and KV head" if group is None else f"blocks of {group} channels"
+            raise ConfigError(f"kv layout {name} is {DESCRIPTIONS[name].split(':')[0]}'s own: its {shape} and its lack of a residual are fixed")
         return base
     return KVLayout(base.keys, base.zero_point, group_size, base.residual if residual is None else residual)
 
@@ -128,7 +136,8 @@ def layout_named(name: str, group_size: int | None = None, residual: int | None 
 
 @dataclass(frozen=True)
 class KVCodes:
-    """codes: uint8 (≤ 8 bits) or int16, unsigned grid indices (symmetric codes c stored as c + offset);
+    """codes: uint8 (≤ 8 bits) or int16, unsigned grid indices (symmetric codes c stored as c + offset), or an fp8
+    engine's float8_e4m3fn values (offset 0);
     scale (float32, or an engine's float16), zero (float32; None: symmetric), shaped as the quantizers say;
     value = code · scale + zero, or (code − offset) · scale."""
 

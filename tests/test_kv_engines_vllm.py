@@ -1,6 +1,7 @@
-"""vLLM's per-token-head KV caches (`quant.kv_engines`, layouts `vllm-int8-head` and `vllm-fp8-head`) against
-loop-by-loop transcriptions of vLLM's Triton kernel (github.com/vllm-project/vllm at 60e0ba0b,
-vllm/v1/attention/ops/triton_reshape_and_cache_flash.py, `_reshape_cache_per_token_head`), in float32 as the kernel
+"""vLLM's per-token-head KV caches (`quant.kv_engines`, layouts `vllm-int8-head`, `vllm-int4-head`, `vllm-fp8-head`)
+against loop-by-loop transcriptions of vLLM's Triton kernels (github.com/vllm-project/vllm at 60e0ba0b,
+vllm/v1/attention/ops/triton_reshape_and_cache_flash.py, `_reshape_cache_per_token_head` and
+`_reshape_cache_int4_packed`), in float32 as the kernel
 computes, with e4m3 rounding taken from an enumeration of the format's values (not torch's cast); on rows with ties,
 zeros and saturation and on SmolLM2's real keys and values; the cache stores those codes and the kv site reads them."""
 
@@ -53,6 +54,45 @@ def vllm_reshape_cache_per_token_head(row: np.ndarray, quant_max: float, quant_m
     return codes, float(scale)
 
 
+def vllm_reshape_cache_int4_packed(row: np.ndarray) -> tuple[list[float], float, float]:
+    """One (token, head) program of `_reshape_cache_int4_packed`: (codes, zero-point, the scale read back). The sum
+    Σx·r is taken in float64 and rounded once, as `quant.kv_engines` documents (Triton sums float32 in tree order)."""
+
+    def rounded(v):  # tl.where(v >= 0, (v + 0.5).to(tl.int32), (v - 0.5).to(tl.int32))
+        return int(F32(v + F32(0.5))) if v >= 0 else int(F32(v - F32(0.5)))
+
+    def grid(inverse, zp):
+        return [F32(min(max(rounded(F32(F32(v * inverse) + zp)), 0), 15)) for v in row]
+
+    mn, mx = F32(np.inf), F32(-np.inf)
+    for v in row:
+        mn, mx = min(mn, v), max(mx, v)
+    initial = max(F32((mx - mn) / F32(15.0)), F32(1e-6))
+    zp = F32(min(max(rounded(F32(-mn / initial)), 0), 15))
+    codes = grid(F32(F32(1.0) / initial), zp)
+    xr = F32(sum(float(v) * float(q - zp) for v, q in zip(row, codes)))
+    rr = F32(sum(float(q - zp) ** 2 for q in codes))
+    scale = max(F32(xr / max(rr, F32(1e-6))), F32(1e-6))
+    inverse = F32(F32(1.0) / scale)
+    zp = F32(min(max(rounded(F32(-mn * inverse)), 0), 15))
+    codes = grid(inverse, zp)
+    packed = (np.array([scale], dtype=F32).view(np.int32) & -16) | int(zp)  # zero-point steganography
+    read_back = (packed & -16).view(F32)[0]  # what attention uses: packed_bits & -16
+    return [float(c) for c in codes], float(zp), float(read_back)
+
+
+def check_int4_against_vllm(x: torch.Tensor) -> None:
+    layout = layout_named("vllm-int4-head")
+    rows = x.reshape(1, 1, -1, x.shape[-1])
+    stored = quantize(rows, 4, layout, keys=False)
+    dequant = fake_quantize(rows, 4, layout, keys=False).reshape(-1, x.shape[-1])
+    for r, row in enumerate(x.float().numpy().astype(F32)):
+        codes, zp, scale = vllm_reshape_cache_int4_packed(row)
+        assert stored.codes[0, 0, r].float().tolist() == codes, r
+        assert stored.scale[0, 0, r].item() == scale and stored.zero[0, 0, r].item() == -zp * scale
+        assert dequant[r].tolist() == [float(F32(F32(c - zp) * F32(scale))) for c in codes], r  # (q − zp) · scale
+
+
 STORES = {"vllm-int8-head": (127.0, -128.0, int), "vllm-fp8-head": (448.0, -448.0, to_e4m3_rne)}  # int(): fptosi truncates
 
 
@@ -85,6 +125,13 @@ def test_vllm_modes_are_the_kernels_codes_on_edge_rows(mode):
     check_against_vllm(rows_with_edges(), mode)
 
 
+def test_int4_per_token_head_is_the_kernels_codes_on_edge_rows():
+    x = rows_with_edges()
+    x[1, :4] = torch.tensor([-3.0, 5.0, 5.0, 5.0])  # lopsided: the zero-point sits off centre
+    x[2, :] = 2.5  # a flat row: scale 1e-6
+    check_int4_against_vllm(x)
+
+
 def test_int8_per_token_head_truncates_where_rounding_would_not():
     """The issue's finding, kept true: truncation is not rounding (a rounding quantizer would fail the test above)."""
     x = torch.tensor([[127.0, 0.6, -0.6, 1.7]])
@@ -92,8 +139,8 @@ def test_int8_per_token_head_truncates_where_rounding_would_not():
     assert codes.flatten().tolist() == [127.0, 0.0, 0.0, 1.0]
 
 
-@pytest.mark.slow(seconds=20)
-@pytest.mark.parametrize("mode", ["vllm-int8-head", "vllm-fp8-head"])
+@pytest.mark.slow(seconds=6)
+@pytest.mark.parametrize("mode", ["vllm-int8-head", "vllm-int4-head", "vllm-fp8-head"])
 def test_vllm_modes_are_the_kernels_codes_on_smollm2s_keys_and_values(smollm2_dir, mode):
     from transformers import DynamicCache
 
@@ -104,30 +151,36 @@ def test_vllm_modes_are_the_kernels_codes_on_smollm2s_keys_and_values(smollm2_di
         model(ids, use_cache=True, cache=cache)
     for layer in (0, len(cache.layers) - 1):
         for tensor in (cache.layers[layer].keys, cache.layers[layer].values):
-            check_against_vllm(tensor.reshape(-1, tensor.shape[-1])[:12], mode)  # a slice: the e4m3 search is a loop
+            rows = tensor.reshape(-1, tensor.shape[-1])[:48]  # a slice: the transcriptions are Python loops
+            check_int4_against_vllm(rows) if mode == "vllm-int4-head" else check_against_vllm(rows, mode)
 
 
-@pytest.mark.parametrize("mode", ["vllm-int8-head", "vllm-fp8-head"])
+@pytest.mark.parametrize("mode", ["vllm-int8-head", "vllm-int4-head", "vllm-fp8-head"])
 def test_the_cache_and_the_kv_site_hold_the_same_vllm_codes(tiny_pair, mode):
-    """A prompt through the cache stores the mode's codes of the keys and values the model wrote, one byte a value,
+    """A prompt through the cache stores the mode's codes of the keys and values the model wrote (int4 two a byte),
     and its logits are the kv site's in a full forward (same shapes; across shapes float noise can move a code)."""
     from transformers import DynamicCache
 
     from quantdiff.models import loading
+    from quantdiff.quant.kv_cache import _pack
+    from quantdiff.quant.kv_engines import ENGINE_BITS
 
     model = loading.prepare(tiny_pair["standard"], tile_size=None)
+    bits = ENGINE_BITS[mode]
     ids = torch.randint(1, 30, (2, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        cache, plain = quantdiff.kv_cache(model, bits=8, layout=mode), DynamicCache()
+        cache, plain = quantdiff.kv_cache(model, bits=bits, layout=mode), DynamicCache()
         through_cache = model(ids, use_cache=True, cache=cache).logits
         unquantized = model(ids, use_cache=True, cache=plain).logits
-        with quantized(model, QuantConfig(AbsmaxMethod(8), KVSite(layout=LAYOUTS[mode]))):
+        with quantized(model, QuantConfig(AbsmaxMethod(bits), KVSite(layout=LAYOUTS[mode]))):
             site = model(ids).logits
     layer, written = cache.layers[0], plain.layers[0]  # later layers' inputs already differ: layer 0 read quantized K/V
     for store, tensor, keys in ((layer._keys, written.keys, True), (layer._values, written.values, False)):
-        expected = quantize(tensor, 8, LAYOUTS[mode], keys=keys)
-        assert torch.equal(store.codes[8].view(torch.uint8), expected.codes.view(torch.uint8))
-        assert torch.equal(store.scales[8], expected.scale) and store.codes[8].element_size() == 1
+        expected = quantize(tensor, bits, LAYOUTS[mode], keys=keys)
+        codes = _pack(expected.codes, 4) if bits == 4 else expected.codes
+        assert torch.equal(store.codes[bits].view(torch.uint8), codes.view(torch.uint8))
+        assert torch.equal(store.scales[bits], expected.scale)
+        assert (bits not in store.zeros) if expected.zero is None else torch.equal(store.zeros[bits], expected.zero)
     assert torch.equal(through_cache, site)
     assert (through_cache - unquantized).abs().max() > 1e-5  # the cache quantized something
     assert repr(cache).endswith(LAYOUTS[mode].name + ")")

@@ -31,7 +31,7 @@ import torch
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.core.integers import as_int
-from quantdiff.quant.kv_engines import DESCRIPTIONS, ENGINE_BITS, GROUPS, OFFSETS, QUANTIZERS
+from quantdiff.quant.kv_engines import DESCRIPTIONS, ENGINE_BITS, GROUPS, OFFSETS, QUANTIZERS, ZERO_POINTS
 from quantdiff.quant.numerics import check_bits, check_group_size, qmax
 
 KEY_AXES = ("channel", "token")
@@ -45,7 +45,7 @@ class KVLayout:
     channels per scale of a per-token row (None: the whole row). residual: tokens kept in float until they complete
     a block of that many (0: every token quantized as written; needs keys per token). engine: an engine's own
     quantizer instead of quantdiff's (`quant.kv_engines`: llama.cpp's "q8_0", "q4_0", per token in blocks of 32
-    channels; vLLM's "vllm-int8-head", "vllm-fp8-head", per token and KV head)."""
+    channels; vLLM's "vllm-int8-head", "vllm-int4-head", "vllm-fp8-head", per token and KV head)."""
 
     keys: str = "channel"
     zero_point: bool = True
@@ -68,8 +68,9 @@ class KVLayout:
         if self.engine is not None:
             if self.engine not in QUANTIZERS:
                 raise ConfigError(f"kv layout: unknown engine mode {self.engine!r} (choose from {', '.join(QUANTIZERS)})")
-            if (self.keys, self.zero_point, self.group_size, residual) != ("token", False, GROUPS[self.engine], 0):
-                raise ConfigError(f"kv layout: {DESCRIPTIONS[self.engine].split(':')[0]} is {_engine_shape(self.engine)}, symmetric, with no residual")
+            if (self.keys, self.zero_point, self.group_size, residual) != ("token", ZERO_POINTS[self.engine], GROUPS[self.engine], 0):
+                grid = "asymmetric" if ZERO_POINTS[self.engine] else "symmetric"
+                raise ConfigError(f"kv layout: {DESCRIPTIONS[self.engine].split(':')[0]} is {_engine_shape(self.engine)}, {grid}, with no residual")
 
     def check_bits(self, bits: int) -> None:
         """ConfigError when an engine mode is asked for a width its engine does not have."""
@@ -113,7 +114,7 @@ def _engine_shape(engine: str) -> str:
     return "per token and KV head" if group is None else f"per token in blocks of {group} channels"
 
 
-ENGINE_LAYOUTS = {name: KVLayout("token", False, GROUPS[name], 0, name) for name in QUANTIZERS}
+ENGINE_LAYOUTS = {name: KVLayout("token", ZERO_POINTS[name], GROUPS[name], 0, name) for name in QUANTIZERS}
 LAYOUTS = {"kivi": KIVI, "token": TOKEN, **ENGINE_LAYOUTS}
 
 
@@ -189,8 +190,7 @@ def quantize_rows(x: torch.Tensor, bits: int, layout: KVLayout) -> KVCodes:
     groups = _groups(x.shape[-1], layout.group_size)
     if layout.engine is not None:
         layout.check_bits(bits)
-        codes, d = QUANTIZERS[layout.engine](x)
-        return KVCodes(codes, d, None, OFFSETS[layout.engine])
+        return KVCodes(*QUANTIZERS[layout.engine](x), OFFSETS[layout.engine])
     result = _quantize(x.unflatten(-1, (groups, -1)), bits, layout.zero_point, dim=-1)
     return KVCodes(result.codes.flatten(-2), result.scale, result.zero, result.offset)
 

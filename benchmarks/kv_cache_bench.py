@@ -5,8 +5,8 @@ HQQ, fp8), side by side in one process, on a real model:
   mean KL(unquantized ‖ cache) of the next-token distributions and top-1 agreement with the unquantized run
   (DynamicCache), at 8, 4 and 2 bits (a backend's refused width is listed as refused); with `--policies`, also the
   kv-plan policies `massive` and `heads` as `quantdiff kv-plan` derives them (its default calibration) at each
-  budget, beside `plan first`, and the engines' exact modes (vLLM's int8 / int4 / fp8 per token-head); `--only TEXT` keeps the
-  contenders whose name holds TEXT (the reference always runs);
+  budget, beside `plan first`, and the engines' exact modes (vLLM's int8 / int4 / fp8 per token-head);
+  `--only TEXT …` keeps the contenders whose name holds one of the TEXTs (the reference always runs);
 - speed and bytes: ms per decode step at a context of 256, 1024, 2048 tokens (every contender given the same
   prompt keys and values, then decode steps alternated between contenders over rounds; medians), and bytes held.
 - `--window`: Gemma 3's sliding-window layers: bytes after a long prompt against DynamicCache, and greedy tokens

@@ -60,3 +60,16 @@ def test_contradictions_are_refused_naming_the_mode(capsys, argv, message):
 def test_sweep_refuses_a_width_the_mode_does_not_have(capsys):
     code, _, err = run_cli(capsys, "sweep", "tiny", *LM, "--bits", "8,4", "--site", "kv", "--kv-mode", "q4_0")
     assert code != 0 and "error: --kv-mode q4_0 stores 4-bit codes: --bits 8 contradicts it (give --bits 4)" in err
+
+
+def test_a_layouts_group_size_is_recorded_beside_its_name_and_causality_follows_the_layout():
+    from quantdiff.eval.sweep import Cell, cells_from_json, cells_to_json, group_size_of, kv_mode_of
+    from quantdiff.quant.sites import parse_config
+
+    config = parse_config("absmax", 4, "kv", kv_layout="token", group_size=8)
+    assert (kv_mode_of(config), group_size_of(config)) == ("token", 8)
+    assert (kv_mode_of(parse_config("absmax", 8, "kv", kv_layout="q8_0")), kv_mode_of(parse_config("absmax", 8, "kv"))) == ("q8_0", None)
+    token = Cell("m", "lm", "absmax", 4, "kv", granularity="row", kv_mode="token")
+    kivi = Cell("m", "lm", "absmax", 4, "kv", granularity="row", kv_mode="kivi")
+    assert token.causal and not kivi.causal
+    assert [c.kv_mode for c in cells_from_json(cells_to_json([token, kivi]))] == ["token", "kivi"]

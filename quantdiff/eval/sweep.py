@@ -126,7 +126,8 @@ def group_size_of(config: QuantConfig | None) -> int | None:
     per output channel and cache rows whole (or nothing is quantized)."""
     if config is None:
         return None
-    return getattr(config.method, "weight_group_size", None) or getattr(config.site, "group_size", None)
+    layout = getattr(config.site, "layout", None)
+    return getattr(config.method, "weight_group_size", None) or getattr(config.site, "group_size", None) or getattr(layout, "group_size", None)
 
 
 def granularity_of(config: QuantConfig | None) -> str | None:
@@ -160,11 +161,13 @@ def label(method: str | None, bits: int | None, site: str | None, group_size: in
 
 
 def kv_mode_of(config: QuantConfig | None) -> str | None:
-    """The kv site's layout by its `LAYOUTS` name (its description when it is none of them); None without one."""
+    """The kv site's layout by its `LAYOUTS` name, whatever its group size (`group_size_of` records that); its
+    description when it is none of them; None without one."""
     layout = None if config is None or not isinstance(config.site, KVSite) else config.site.layout
     if layout is None:
         return None
-    return next((name for name, known in LAYOUTS.items() if known == layout), layout.name)
+    fields = lambda l: (l.keys, l.zero_point, l.residual, l.engine)  # noqa: E731
+    return next((name for name, known in LAYOUTS.items() if fields(known) == fields(layout)), layout.name)
 
 
 def kv_plan_of(config: QuantConfig | None) -> KVPlan | None:

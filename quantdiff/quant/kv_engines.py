@@ -1,8 +1,8 @@
 """Engines' own KV-cache quantizers, reproduced code for code.
 
-llama.cpp's q8_0 and q4_0 blocks (`--cache-type-k q8_0`), as ggml writes them (ggml/src/ggml-quants.c, `quantize_row_q8_0_ref`, `quantize_row_q4_0_ref`, and
-`dequantize_row_q8_0`, `dequantize_row_q4_0`), over blocks of 32 consecutive channels of a row (one token of one
-KV head), each with an fp16 scale d:
+llama.cpp's q8_0 and q4_0 blocks (`--cache-type-k q8_0`), as ggml writes them (ggml/src/ggml-quants.c,
+`quantize_row_q8_0_ref`, `quantize_row_q4_0_ref`, and `dequantize_row_q8_0`, `dequantize_row_q4_0`), over blocks
+of 32 consecutive channels of a row (one token of one KV head), each with an fp16 scale d:
 
 - q8_0: d = amax / 127, code = roundf(x · (1 / d)) (half away from zero), value = code · d;
 - q4_0: d = (the block's signed extreme) / −8, code = min(15, (int8)(x · (1 / d) + 8.5)) (truncated),

@@ -132,6 +132,39 @@ def test_int4_per_token_head_is_the_kernels_codes_on_edge_rows():
     check_int4_against_vllm(x)
 
 
+def vllm_fp8_tensor_reference(x: np.ndarray, constant: float, scale: float | None = None) -> tuple[list[float], float]:
+    """calc_kv_scales (amax(|x|) / K or V constant, once) then, element by element, `scaled_vec_conversion`:
+    __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3)."""
+    if scale is None:
+        amax = F32(0.0)
+        for v in x.flat:
+            amax = max(amax, F32(abs(v)))
+        scale = F32(amax / F32(constant))
+    codes = [to_e4m3_rne(min(max(float(F32(v / scale)), -448.0), 448.0)) for v in x.flat]  # SATFINITE
+    return codes, float(scale)
+
+
+def check_fp8_tensor_against_vllm(x: torch.Tensor, keys: bool) -> None:
+    layout = layout_named("vllm-fp8-tensor")
+    stored = quantize(x, 8, layout, keys=keys)
+    dequant = fake_quantize(x, 8, layout, keys=keys)
+    codes, scale = vllm_fp8_tensor_reference(x.float().numpy().astype(F32), 200.0 if keys else 100.0)
+    assert stored.codes.float().flatten().tolist() == codes and stored.scale.item() == scale
+    assert dequant.flatten().tolist() == [float(F32(F32(c) * F32(scale))) for c in codes]
+
+
+@pytest.mark.parametrize("keys", [True, False])
+def test_fp8_per_tensor_is_vllms_calculated_scale_and_conversion(keys):
+    x = torch.randn(1, 2, 6, 8, generator=torch.Generator().manual_seed(2))
+    x[0, 1, 3, 5] = -40.0  # the tensor's amax
+    check_fp8_tensor_against_vllm(x, keys)
+    later = torch.full((1, 2, 1, 8), 1e3)  # a later token beyond 448 · the first forward's scale: saturated
+    first = quantize(x, 8, layout_named("vllm-fp8-tensor"), keys=keys)
+    codes, _ = vllm_fp8_tensor_reference(later.numpy(), 0.0, F32(first.scale.item()))
+    assert quantize(later, 8, layout_named("vllm-fp8-tensor"), keys=keys, scale=first.scale).codes.float().flatten().tolist() == codes == [448.0] * 16
+    assert not layout_named("vllm-fp8-tensor").causal
+
+
 def test_int8_per_token_head_truncates_where_rounding_would_not():
     """The issue's finding, kept true: truncation is not rounding (a rounding quantizer would fail the test above)."""
     x = torch.tensor([[127.0, 0.6, -0.6, 1.7]])
@@ -140,7 +173,7 @@ def test_int8_per_token_head_truncates_where_rounding_would_not():
 
 
 @pytest.mark.slow(seconds=6)
-@pytest.mark.parametrize("mode", ["vllm-int8-head", "vllm-int4-head", "vllm-fp8-head"])
+@pytest.mark.parametrize("mode", ["vllm-int8-head", "vllm-int4-head", "vllm-fp8-head", "vllm-fp8-tensor"])
 def test_vllm_modes_are_the_kernels_codes_on_smollm2s_keys_and_values(smollm2_dir, mode):
     from transformers import DynamicCache
 
@@ -152,10 +185,15 @@ def test_vllm_modes_are_the_kernels_codes_on_smollm2s_keys_and_values(smollm2_di
     for layer in (0, len(cache.layers) - 1):
         for tensor in (cache.layers[layer].keys, cache.layers[layer].values):
             rows = tensor.reshape(-1, tensor.shape[-1])[:48]  # a slice: the transcriptions are Python loops
-            check_int4_against_vllm(rows) if mode == "vllm-int4-head" else check_against_vllm(rows, mode)
+            if mode == "vllm-fp8-tensor":
+                check_fp8_tensor_against_vllm(tensor[:, :, :16], keys=tensor is cache.layers[layer].keys)
+            elif mode == "vllm-int4-head":
+                check_int4_against_vllm(rows)
+            else:
+                check_against_vllm(rows, mode)
 
 
-@pytest.mark.parametrize("mode", ["vllm-int8-head", "vllm-int4-head", "vllm-fp8-head"])
+@pytest.mark.parametrize("mode", ["vllm-int8-head", "vllm-int4-head", "vllm-fp8-head", "vllm-fp8-tensor"])
 def test_the_cache_and_the_kv_site_hold_the_same_vllm_codes(tiny_pair, mode):
     """A prompt through the cache stores the mode's codes of the keys and values the model wrote (int4 two a byte),
     and its logits are the kv site's in a full forward (same shapes; across shapes float noise can move a code)."""
@@ -182,6 +220,11 @@ def test_the_cache_and_the_kv_site_hold_the_same_vllm_codes(tiny_pair, mode):
         assert torch.equal(store.scales[bits], expected.scale)
         assert (bits not in store.zeros) if expected.zero is None else torch.equal(store.zeros[bits], expected.zero)
     assert torch.equal(through_cache, site)
+    if mode == "vllm-fp8-tensor":  # a decode step keeps the first forward's scale, as vLLM's calculated scales do
+        keys_before = layer._keys.scales[bits].clone()
+        with torch.no_grad():
+            model(ids[:, :1] * 0 + 3, use_cache=True, cache=cache)
+        assert torch.equal(layer._keys.scales[bits], keys_before) and layer._keys.codes[bits].shape[2] == ids.shape[1] + 1
     assert (through_cache - unquantized).abs().max() > 1e-5  # the cache quantized something
     assert repr(cache).endswith(LAYOUTS[mode].name + ")")
 

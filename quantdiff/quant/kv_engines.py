@@ -34,6 +34,14 @@ the scale keeps at most 20 significant bits and codes 4, so every product and th
 (A later version of vLLM's tests, seen in the index without its kernel, describes a codebook int4 instead: this is
 the asymmetric mode as 60e0ba0b has it.)
 
+vLLM's per-tensor fp8 (`--kv-cache-dtype fp8`, e4m3, with `--calculate-kv-scales`): one float32 scale per layer
+for keys and one for values, set once by the first forward (`Attention.calc_kv_scales`, vllm/attention/layer.py)
+as amax(|K|) / K_SCALE_CONSTANT and amax(|V|) / V_SCALE_CONSTANT (vllm/envs.py: 200 and 100, not 448), then
+x / scale converted to e4m3 with saturation, round to nearest even (csrc/quantization/fp8/nvidia/quant_utils.cuh,
+`scaled_vec_conversion`: `__nv_cvt_float_to_fp8(a / scale, __NV_SATFINITE, __NV_E4M3)`), value = e4m3 · scale.
+Without calculated or checkpoint scales vLLM uses 1.0: not reproduced. Here the first forward's amax is per
+sequence (vLLM's first forward may hold several requests).
+
 Where these can differ from the GPU: Triton lowers fp32 `/` to an approximate division (PTX div.full.f32) and may
 fuse x · (1 / s) + zp into one FMA, and sums in float32 in tree order; these use IEEE division, two roundings, and
 the int4 sum Σx·(q − zp) in float64 rounded once. A scale can then differ in its last bits, and a code only where a
@@ -45,9 +53,10 @@ from __future__ import annotations
 import torch
 
 BLOCK = 32  # QK8_0 = QK4_0: channels per block
-ENGINE_BITS = {"q8_0": 8, "q4_0": 4, "vllm-int8-head": 8, "vllm-int4-head": 4, "vllm-fp8-head": 8}
-OFFSETS = {"q8_0": 127, "q4_0": 8, "vllm-int8-head": 128, "vllm-int4-head": 0, "vllm-fp8-head": 0}  # fp8 codes are float8_e4m3fn, read as floats
-GROUPS = {"q8_0": BLOCK, "q4_0": BLOCK, "vllm-int8-head": None, "vllm-int4-head": None, "vllm-fp8-head": None}  # channels per scale (None: the row)
+ENGINE_BITS = {"q8_0": 8, "q4_0": 4, "vllm-int8-head": 8, "vllm-int4-head": 4, "vllm-fp8-head": 8, "vllm-fp8-tensor": 8}
+OFFSETS = {"q8_0": 127, "q4_0": 8, "vllm-int8-head": 128, "vllm-int4-head": 0, "vllm-fp8-head": 0, "vllm-fp8-tensor": 0}  # fp8 codes are float8_e4m3fn
+GROUPS = {"q8_0": BLOCK, "q4_0": BLOCK, "vllm-int8-head": None, "vllm-int4-head": None, "vllm-fp8-head": None, "vllm-fp8-tensor": None}  # channels per scale (None: the row)
+PER_TENSOR = {"vllm-fp8-tensor": (200.0, 100.0)}  # engine -> (K_SCALE_CONSTANT, V_SCALE_CONSTANT): one scale a tensor, set by the first forward
 ZERO_POINTS = {name: name == "vllm-int4-head" for name in ENGINE_BITS}
 DESCRIPTIONS = {
     "q8_0": f"llama.cpp q8_0: per token, blocks of {BLOCK} channels, fp16 scales, ggml's rounding",
@@ -55,6 +64,7 @@ DESCRIPTIONS = {
     "vllm-int8-head": "vLLM int8_per_token_head: per token and KV head, float32 scales, codes truncated",
     "vllm-int4-head": "vLLM int4_per_token_head: per token and KV head, asymmetric, least-squares scale, zero-point in the scale's low bits",
     "vllm-fp8-head": "vLLM fp8_per_token_head: per token and KV head, float32 scales, e4m3 round to nearest even",
+    "vllm-fp8-tensor": "vLLM fp8 with calculated kv scales: one scale per layer for keys (amax / 200) and values (amax / 100), set by the first forward",
 }
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448: vLLM's FP8_MAX for float8_e4m3fn
 
@@ -136,6 +146,18 @@ def vllm_int4_head(x: torch.Tensor) -> Quantized:
     codes = _int4_grid(data, inverse, zp)
     stored = (scale.view(torch.int32) & -16).view(torch.float32)  # (bits & -16) | zp, read back as bits & -16
     return codes.to(torch.uint8), stored.unsqueeze(-1), (-zp * stored).unsqueeze(-1)
+
+
+def vllm_fp8_tensor_scale(x: torch.Tensor, engine: str, keys: bool) -> torch.Tensor:
+    """calc_kv_scales per sequence: x (B, H, S, D) → amax over the sequence's heads, tokens and channels divided by
+    the K or V constant, float32 (B, 1, 1, 1, 1) (the shape of a per-token scale with one group)."""
+    constant = PER_TENSOR[engine][0 if keys else 1]
+    return (x.float().abs().amax(dim=(1, 2, 3), keepdim=True) / constant).unsqueeze(-1)
+
+
+def vllm_fp8_tensor(x: torch.Tensor, scale: torch.Tensor) -> Quantized:
+    """x (B, H, S, D), scale (B, 1, 1, 1, 1) → (codes as float8_e4m3fn, scale, None): e4m3(saturate(x / scale))."""
+    return torch.clamp(x.float() / scale.squeeze(-1), -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale, None
 
 
 QUANTIZERS = {"q8_0": q8_0, "q4_0": q4_0, "vllm-int8-head": vllm_int8_head, "vllm-int4-head": vllm_int4_head, "vllm-fp8-head": vllm_fp8_head}

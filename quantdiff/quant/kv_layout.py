@@ -31,7 +31,7 @@ import torch
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.core.integers import as_int
-from quantdiff.quant.kv_engines import DESCRIPTIONS, ENGINE_BITS, GROUPS, OFFSETS, QUANTIZERS, ZERO_POINTS
+from quantdiff.quant.kv_engines import DESCRIPTIONS, ENGINE_BITS, GROUPS, OFFSETS, PER_TENSOR, QUANTIZERS, ZERO_POINTS, vllm_fp8_tensor, vllm_fp8_tensor_scale
 from quantdiff.quant.numerics import check_bits, check_group_size, qmax
 
 KEY_AXES = ("channel", "token")
@@ -66,8 +66,8 @@ class KVLayout:
         if self.keys == "channel" and residual == 0:
             raise ConfigError("kv layout: keys per channel need a block of tokens: residual must be at least 1")
         if self.engine is not None:
-            if self.engine not in QUANTIZERS:
-                raise ConfigError(f"kv layout: unknown engine mode {self.engine!r} (choose from {', '.join(QUANTIZERS)})")
+            if self.engine not in ENGINE_BITS:
+                raise ConfigError(f"kv layout: unknown engine mode {self.engine!r} (choose from {', '.join(ENGINE_BITS)})")
             if (self.keys, self.zero_point, self.group_size, residual) != ("token", ZERO_POINTS[self.engine], GROUPS[self.engine], 0):
                 grid = "asymmetric" if ZERO_POINTS[self.engine] else "symmetric"
                 raise ConfigError(f"kv layout: {DESCRIPTIONS[self.engine].split(':')[0]} is {_engine_shape(self.engine)}, {grid}, with no residual")
@@ -79,8 +79,9 @@ class KVLayout:
 
     @property
     def causal(self) -> bool:
-        """Whether a full forward under the `kv` site is causal at this layout (the cache always is)."""
-        return self.keys == "token" and self.residual == 0
+        """Whether a full forward under the `kv` site is causal at this layout (the cache always is; a per-tensor
+        engine's scale comes from the whole first forward, in the cache as at the site)."""
+        return self.keys == "token" and self.residual == 0 and self.engine not in PER_TENSOR
 
     @property
     def name(self) -> str:
@@ -114,7 +115,7 @@ def _engine_shape(engine: str) -> str:
     return "per token and KV head" if group is None else f"per token in blocks of {group} channels"
 
 
-ENGINE_LAYOUTS = {name: KVLayout("token", ZERO_POINTS[name], GROUPS[name], 0, name) for name in QUANTIZERS}
+ENGINE_LAYOUTS = {name: KVLayout("token", ZERO_POINTS[name], GROUPS[name], 0, name) for name in ENGINE_BITS}
 LAYOUTS = {"kivi": KIVI, "token": TOKEN, **ENGINE_LAYOUTS}
 
 
@@ -206,9 +207,15 @@ def quantize_key_blocks(x: torch.Tensor, bits: int, layout: KVLayout, kept: torc
     return KVCodes(result.codes.flatten(-3, -2), result.scale, result.zero, result.offset)
 
 
-def quantize(x: torch.Tensor, bits: int, layout: KVLayout, keys: bool, kept: torch.Tensor | None = None) -> KVCodes:
+def quantize(x: torch.Tensor, bits: int, layout: KVLayout, keys: bool, kept: torch.Tensor | None = None,
+             scale: torch.Tensor | None = None) -> KVCodes:
     """Complete blocks (or, with no residual, tokens) of keys or values, as the cache stores them; `kept`: see
-    `quantize_key_blocks` (a per-token row's scale never sees another token)."""
+    `quantize_key_blocks` (a per-token row's scale never sees another token). scale: a per-tensor engine's scale,
+    set by the first forward (None: from x)."""
+    if layout.engine in PER_TENSOR:
+        layout.check_bits(bits)
+        chosen = vllm_fp8_tensor_scale(x, layout.engine, keys) if scale is None else scale
+        return KVCodes(*vllm_fp8_tensor(x, chosen), OFFSETS[layout.engine])
     if keys and layout.keys == "channel":
         return quantize_key_blocks(x, bits, layout, kept)
     return quantize_rows(x, bits, layout)

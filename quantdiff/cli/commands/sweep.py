@@ -19,13 +19,14 @@ TaskOpt = Annotated[str, typer.Option("--task", "-t", help=TASK_HELP)]
 DataOpt = Annotated[Optional[str], typer.Option("--data", help=DATA_HELP)]  # a str: "" stays empty, not "."
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Evaluate only the first N items (windows, documents).")]
 GroupOpt = Annotated[Optional[int], typer.Option("--group-size", help="absmax weights at site linear in groups of G inputs per output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group); default per output channel. At site kv: each token's keys and values per KV head in groups of G channels (llama.cpp's blocks of 32).")]
-KV_MODES = ("kivi", "token", "q8_0", "q4_0", "vllm-int8-head", "vllm-int4-head", "vllm-fp8-head")  # = kv_layout.LAYOUTS (a test checks)
+KV_MODES = ("kivi", "token", "q8_0", "q4_0", "vllm-int8-head", "vllm-int4-head", "vllm-fp8-head", "vllm-fp8-tensor")  # = kv_layout.LAYOUTS (a test checks)
 KVModeOpt = Annotated[Optional[str], typer.Option("--kv-mode", help=(
     "At --site kv: the cache layout, quantized with `quantdiff.kv_cache`'s own functions. kivi (the cache's default: keys per channel over "
     "128-token blocks, values per token, zero-points, the last tokens in float; not causal within a block at this site), token (per token and KV head, "
     "symmetric, rounded), or an engine's own codes, exactly: q8_0, q4_0 (llama.cpp, blocks of 32 channels, 8 and 4 bits), vllm-int8-head "
     "(vLLM int8_per_token_head, truncated codes, 8 bits), vllm-int4-head (vLLM int4_per_token_head, asymmetric, 4 bits), vllm-fp8-head "
-    "(vLLM fp8_per_token_head, e4m3, 8 bits). An engine mode refuses other --bits and any --group-size; every mode refuses --granularity tensor."))]
+    "(vLLM fp8_per_token_head, e4m3, 8 bits), vllm-fp8-tensor (vLLM fp8 with --calculate-kv-scales: one scale per layer for keys, amax / 200, "
+    "and values, amax / 100, from the whole first forward; not causal at this site). An engine mode refuses other --bits and any --group-size; every mode refuses --granularity tensor."))]
 ContextOpt = Annotated[Optional[int], typer.Option("--context", help="Tokens per document (retrieval) or window (lm); default 256, or the fewest positions among the models when fewer; a given value beyond a model's positions is refused.")]
 NeedlesOpt = Annotated[Optional[int], typer.Option("--needles", help="Needles per retrieval document.")]
 DepthOpt = Annotated[Optional[float], typer.Option("--depth", help="Depth in [0, 1] of every needle (0 = start of the filler, 1 = its end); default: random per needle.")]

@@ -5,7 +5,7 @@ HQQ, fp8), side by side in one process, on a real model:
   mean KL(unquantized ‖ cache) of the next-token distributions and top-1 agreement with the unquantized run
   (DynamicCache), at 8, 4 and 2 bits (a backend's refused width is listed as refused); with `--policies`, also the
   kv-plan policies `massive` and `heads` as `quantdiff kv-plan` derives them (its default calibration) at each
-  budget, beside `plan first`, and the engines' exact modes (vLLM's int8 / int4 / fp8 per token-head);
+  budget, beside `plan first`, and the engines' exact modes (vLLM's int8 / int4 / fp8 per token-head, fp8 per tensor);
   `--only TEXT …` keeps the contenders whose name holds one of the TEXTs (the reference always runs);
 - speed and bytes: ms per decode step at a context of 256, 1024, 2048 tokens (every contender given the same
   prompt keys and values, then decode steps alternated between contenders over rounds; medians), and bytes held.
@@ -78,6 +78,7 @@ def damage_makers(model, bits: int, plans: dict) -> dict:
         out[name] = lambda plan=plan: quantdiff.kv_cache(model, plan)
     out["kv_cache vLLM int8 / int4 per token-head"] = (lambda: quantdiff.kv_cache(model, bits=bits, layout={8: "vllm-int8-head", 4: "vllm-int4-head"}[bits])) if bits in (8, 4) else None
     out["kv_cache vLLM fp8 per token-head"] = (lambda: quantdiff.kv_cache(model, bits=bits, layout="vllm-fp8-head")) if bits == 8 else None
+    out["kv_cache vLLM fp8 per tensor, calculated scales"] = (lambda: quantdiff.kv_cache(model, bits=bits, layout="vllm-fp8-tensor")) if bits == 8 else None
     return out
 
 

@@ -45,7 +45,8 @@ class KVLayout:
     channels per scale of a per-token row (None: the whole row). residual: tokens kept in float until they complete
     a block of that many (0: every token quantized as written; needs keys per token). engine: an engine's own
     quantizer instead of quantdiff's (`quant.kv_engines`: llama.cpp's "q8_0", "q4_0", per token in blocks of 32
-    channels; vLLM's "vllm-int8-head", "vllm-int4-head", "vllm-fp8-head", per token and KV head)."""
+    channels; vLLM's "vllm-int8-head", "vllm-int4-head", "vllm-fp8-head", per token and KV head, and
+    "vllm-fp8-tensor", one scale per tensor set by the first forward)."""
 
     keys: str = "channel"
     zero_point: bool = True

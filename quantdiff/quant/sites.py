@@ -269,7 +269,7 @@ def parse_config(
     rows in groups of that many channels (site kv, granularity row).
     transform: a Hadamard rotation or SmoothQuant smoothing before quantizing (site linear only).
     kv_layout: a KV-cache layout by name (`quant.kv_layout.LAYOUTS`: "kivi", "token", "q8_0", "q4_0", "vllm-int8-head",
-    "vllm-int4-head", "vllm-fp8-head"; site kv only), quantized with `quantdiff.kv_cache`'s own functions;
+    "vllm-int4-head", "vllm-fp8-head", "vllm-fp8-tensor"; site kv only), quantized with `quantdiff.kv_cache`'s own functions;
     group_size then sets the layout's groups.
     layers: quantize only these decoder layers (0-based) at the site; checked against the model when applied."""
     bits = parse_bit_width(bits)

@@ -71,5 +71,6 @@ def test_a_layouts_group_size_is_recorded_beside_its_name_and_causality_follows_
     assert (kv_mode_of(parse_config("absmax", 8, "kv", kv_layout="q8_0")), kv_mode_of(parse_config("absmax", 8, "kv"))) == ("q8_0", None)
     token = Cell("m", "lm", "absmax", 4, "kv", granularity="row", kv_mode="token")
     kivi = Cell("m", "lm", "absmax", 4, "kv", granularity="row", kv_mode="kivi")
-    assert token.causal and not kivi.causal
+    per_tensor = Cell("m", "lm", "absmax", 8, "kv", granularity="row", kv_mode="vllm-fp8-tensor")
+    assert token.causal and not kivi.causal and not per_tensor.causal  # the first forward's scale sees all of it
     assert [c.kv_mode for c in cells_from_json(cells_to_json([token, kivi]))] == ["token", "kivi"]

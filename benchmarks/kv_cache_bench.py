@@ -3,7 +3,10 @@ HQQ, fp8), side by side in one process, on a real model:
 
 - damage: a real text's prompt prefilled through each cache, then teacher-forced decode steps, one token a step;
   mean KL(unquantized ‖ cache) of the next-token distributions and top-1 agreement with the unquantized run
-  (DynamicCache), at 8, 4 and 2 bits (a backend's refused width is listed as refused);
+  (DynamicCache), at 8, 4 and 2 bits (a backend's refused width is listed as refused); with `--policies`, also the
+  kv-plan policies `massive` and `heads` as `quantdiff kv-plan` derives them (its default calibration) at each
+  budget, beside `plan first`, and the engines' exact modes (vLLM's int8 / int4 / fp8 per token-head, fp8 per tensor);
+  `--only TEXT …` keeps the contenders whose name holds one of the TEXTs (the reference always runs);
 - speed and bytes: ms per decode step at a context of 256, 1024, 2048 tokens (every contender given the same
   prompt keys and values, then decode steps alternated between contenders over rounds; medians), and bytes held.
 - `--window`: Gemma 3's sliding-window layers: bytes after a long prompt against DynamicCache, and greedy tokens
@@ -13,6 +16,7 @@ transformers' QuantizedCache backends are installed for the benchmark only (neve
 
     pip install 'quantdiff[bench]'   # optimum-quanto 0.2.7, hqq 0.2.8.post1
     OMP_WAIT_POLICY=PASSIVE python benchmarks/kv_cache_bench.py --damage --speed        # SmolLM2, CPU, 1 thread
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/kv_cache_bench.py --damage --policies
     OMP_WAIT_POLICY=PASSIVE python benchmarks/kv_cache_bench.py --model gemma3 --window 6144
 """
 
@@ -55,6 +59,48 @@ def makers(model, bits: int) -> dict:
     return out
 
 
+POLICIES = ("massive", "heads")  # beside makers()' `plan first`, which is what kv-plan's `first` derives (position 0 kept)
+
+
+def damage_makers(model, bits: int, plans: dict) -> dict:
+    """The damage table's own contenders: the kv-plan policies at a budget of `bits` (`plans`: (policy, bits) -> a
+    plan, or the reason it cannot be met) and the engines' exact modes. None: refused at that width."""
+    import quantdiff
+
+    out = {}
+    for policy in POLICIES:
+        plan = plans[policy, bits]
+        if isinstance(plan, str):
+            out[f"kv_cache kivi, kv-plan {policy} ({plan})"] = None
+            continue
+        widths = sorted({b for layer in plan.layers for b in layer.kv_bits})
+        name = f"kv_cache kivi, kv-plan {policy} (kept {list(plan.layers[0].keep_positions)}, head widths {widths})"
+        out[name] = lambda plan=plan: quantdiff.kv_cache(model, plan)
+    out["kv_cache vLLM int8 / int4 per token-head"] = (lambda: quantdiff.kv_cache(model, bits=bits, layout={8: "vllm-int8-head", 4: "vllm-int4-head"}[bits])) if bits in (8, 4) else None
+    out["kv_cache vLLM fp8 per token-head"] = (lambda: quantdiff.kv_cache(model, bits=bits, layout="vllm-fp8-head")) if bits == 8 else None
+    out["kv_cache vLLM fp8 per tensor, calculated scales"] = (lambda: quantdiff.kv_cache(model, bits=bits, layout="vllm-fp8-tensor")) if bits == 8 else None
+    return out
+
+
+def derive_plans(model, tokenizer, path, bits_list: list[int]) -> dict:
+    """(policy, bits) -> the plan `quantdiff kv-plan` writes with its defaults (calibration builtin:corpus-train,
+    8,192 tokens in sequences of 256, the model's BOS choice), or the reason it cannot be met."""
+    from quantdiff.core.errors import ConfigError
+    from quantdiff.models.bos import decide_bos
+    from quantdiff.quant.kv_plan import calibrate_kv, derive_plan
+    from quantdiff.quant.smoothing import Calibration
+
+    calibrated = calibrate_kv(model, tokenizer, Calibration("builtin:corpus-train", 8192), decide_bos(path, tokenizer, "auto").token_id)
+    plans = {}
+    for policy in POLICIES:
+        for bits in bits_list:
+            try:
+                plans[policy, bits] = derive_plan(calibrated, policy, bits)
+            except ConfigError as exc:
+                plans[policy, bits] = str(exc)
+    return plans
+
+
 def cache_bytes(cache) -> int:
     """What a cache holds: our own count for kv_cache; else every tensor its layers hold (codes, scales, residual)."""
     if hasattr(cache, "nbytes"):
@@ -88,8 +134,9 @@ def text_ids(tokenizer, count: int) -> torch.Tensor:
     return torch.tensor(ids[10_000 : 10_000 + count]).unsqueeze(0)  # past the front matter
 
 
-def damage(model, ids: torch.Tensor, prompt: int, bits_list: list[int]) -> None:
-    """Mean KL and top-1 agreement of teacher-forced decode steps against DynamicCache's."""
+def damage(model, ids: torch.Tensor, prompt: int, bits_list: list[int], plans: dict | None = None, only: list[str] | None = None) -> None:
+    """Mean KL and top-1 agreement of teacher-forced decode steps against DynamicCache's; `plans` (`derive_plans`):
+    the kv-plan policies and engine modes too; `only`: the contenders whose name holds one of these texts."""
     def run(make) -> torch.Tensor:
         cache = make()
         out = model(ids[:, :prompt], past_key_values=cache, use_cache=True)
@@ -103,10 +150,13 @@ def damage(model, ids: torch.Tensor, prompt: int, bits_list: list[int]) -> None:
     print("| cache | bits | mean KL | top-1 agreement |\n|---|---|---|---|")
     reference = None
     for bits in bits_list:
-        for name, make in makers(model, bits).items():
+        contenders = {**makers(model, bits), **({} if plans is None else damage_makers(model, bits, plans))}
+        for name, make in contenders.items():
             if name.startswith("DynamicCache"):
                 if reference is None:
                     reference = run(make)
+                continue
+            if only is not None and not any(text in name for text in only):
                 continue
             if make is None:
                 print(f"| {name} | {bits} | refused by the backend | |")
@@ -203,6 +253,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--bits", type=int, nargs="+", default=[8, 4, 2])
+    parser.add_argument("--policies", action="store_true", help="damage: also the kv-plan policies massive and heads and the vLLM modes")
+    parser.add_argument("--only", nargs="+", default=None, help="damage: only the contenders whose name holds one of these texts")
     parser.add_argument("--speed", action="store_true")
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 2048])
     parser.add_argument("--speed-bits", type=int, nargs="+", default=[8, 4])
@@ -229,7 +281,8 @@ def main() -> None:
     print(f"model {name}, {model.config.torch_dtype or model.dtype}, CPU {torch.get_num_threads()} thread; transformers {transformers.__version__}; "
           + ", ".join(f"{p} {v}" for p, v in versions.items()))
     if args.damage:
-        damage(model, text_ids(tokenizer, args.prompt + args.steps), args.prompt, args.bits)
+        plans = derive_plans(model, tokenizer, path, args.bits) if args.policies else None
+        damage(model, text_ids(tokenizer, args.prompt + args.steps), args.prompt, args.bits, plans, args.only)
     if args.speed:
         speed(model, text_ids(tokenizer, max(args.contexts) + 1), args.contexts, args.speed_bits, args.decode_steps, args.rounds)
     if args.gap:

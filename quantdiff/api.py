@@ -150,7 +150,8 @@ def kv_cache(model: nn.Module, plan: Any = None, bits: int | None = None, group_
     """A KV cache storing keys and values quantized, for
     `model.generate(..., past_key_values=quantdiff.kv_cache(model, plan))` (see `quant.kv_cache`). layout: "kivi"
     (keys per channel over 128-token blocks, values per token, zero-points, recent tokens in float) or "token"
-    (per token and KV head, symmetric, every token quantized as written), or a `quant.kv_layout.KVLayout`."""
+    (per token and KV head, symmetric, every token quantized as written), an engine's own codes ("q8_0", "q4_0",
+    "vllm-int8-head", "vllm-int4-head", "vllm-fp8-head", "vllm-fp8-tensor": `quant.kv_engines`), or a `quant.kv_layout.KVLayout`."""
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a loaded model (quantdiff.load(...)), got {check.kind_of(model)}")
     chosen = layout if isinstance(layout, kv_layouts.KVLayout) else kv_layouts.layout_named(layout)

@@ -13,7 +13,7 @@ from quantdiff.core.errors import ConfigError
 
 PlanOpt = Annotated[Optional[list[Path]], typer.Option("--plan", help="Evaluate a mixed-precision plan (a `quantdiff sensitivity --plan-budget --out` file: a bit width per decoder layer at one site) as one cell; repeat for several (sweep). Not with --bits, --method or --site; refused for a model with another number of layers, or when its calibration data is the evaluation data.")]
 # Options that choose a quantization of their own: a plan sets its method, widths, site, scales and layers.
-CLASHING = ("--bits", "--method", "--site", "--group-size", "--rotate", "--smooth", "--granularity", "--layers")
+CLASHING = ("--bits", "--method", "--site", "--group-size", "--rotate", "--smooth", "--granularity", "--layers", "--kv-mode")
 
 
 def refuse_with_plan(plans: list[Path] | None, given: dict[str, object]) -> None:

@@ -20,6 +20,7 @@ from torch import nn
 from quantdiff.core.errors import ConfigError
 from quantdiff.quant.numerics import check_bits
 from quantdiff.quant.registry import DEFAULT_GRANULARITY, CAUSAL_GRANULARITIES, granularity, granularity_name, method_name, site_name
+from quantdiff.quant.kv_layout import LAYOUTS
 from quantdiff.quant.kv_plan import KVPlan, measured_bits
 from quantdiff.quant.precision_plan import PlannedConfig
 from quantdiff.quant.sites import KVSite, LinearSite, QuantConfig, linear_targets, parse_config, quantized
@@ -50,12 +51,15 @@ class Cell:
     layers: list[int] | None = None  # the decoder layers quantized (`QuantConfig.layers`); None: every layer
     precision_plan: dict | None = None  # a mixed-precision plan's widths (`PrecisionPlan.record`); bits is then their average
     damage: dict | None = None  # KL divergence etc. against the model unquantized (`eval.cell_damage`); None: not measured
+    kv_mode: str | None = None  # the kv site's cache layout (`kv_layout.LAYOUTS` name, else its description); None: none
 
     @property
     def causal(self) -> bool:
-        """Whether every quantizer that ran, the cell's own and those its export records, is causal."""
+        """Whether every quantizer that ran, the cell's own and those its export records, is causal (a kv layout
+        not named in `LAYOUTS` is not claimed causal)."""
         grains = [self.granularity] + [r["granularity"] for r in self.recorded or []]
-        return all(g is None or g in CAUSAL_GRANULARITIES for g in grains)
+        laid_out = self.kv_mode is None or (self.kv_mode in LAYOUTS and LAYOUTS[self.kv_mode].causal)
+        return laid_out and all(g is None or g in CAUSAL_GRANULARITIES for g in grains)
 
     @property
     def is_reference(self) -> bool:
@@ -67,7 +71,7 @@ class Cell:
 
     def to_dict(self) -> dict[str, Any]:
         optional = {k: v for k, v in (("group_size", self.group_size), ("transform", self.transform), ("kv_plan", self.kv_plan), ("recorded", self.recorded),
-                                      ("layers", self.layers), ("precision_plan", self.precision_plan), ("damage", self.damage)) if v is not None}
+                                      ("layers", self.layers), ("precision_plan", self.precision_plan), ("damage", self.damage), ("kv_mode", self.kv_mode)) if v is not None}
         blocks = {} if self.blocks is None else {"blocks": self.blocks}
         return {"model": self.model, "task": self.task, "method": self.method, "bits": self.bits, "site": self.site,
                 "granularity": self.granularity, "causal": self.causal, **optional, **self.metrics, "valid": self.valid, "nonfinite_logits": self.nonfinite_logits, **blocks}
@@ -81,15 +85,18 @@ class SweepPlan:
 
 def plan_sweep(
     methods: Sequence[str], bits: Sequence[int], sites: Sequence[str], group_size: int | None = None, transform: Transform | None = None,
-    scales: str = DEFAULT_GRANULARITY, layers: Sequence[int] | None = None,
+    scales: str = DEFAULT_GRANULARITY, layers: Sequence[int] | None = None, kv_layout: str | None = None,
 ) -> SweepPlan:
     """Every supported (method, site, bits) configuration; unknown names are errors, unsupported pairs skipped.
     group_size: absmax weights at the linear site in groups of that many inputs (LLM.int8 is then skipped), or
     the kv site's rows in groups of that many channels.
     transform: a rotation or smoothing at the linear site, which must then be the only site.
     scales: every configuration's granularity (`sites.parse_config`); "tensor" is the former, non-causal default.
-    layers: quantize only these decoder layers (None: every layer)."""
+    layers: quantize only these decoder layers (None: every layer).
+    kv_layout: the kv site's cache layout by name (`kv_layout.LAYOUTS`; `--kv-mode`), which must then be the only site."""
     granularity(scales)
+    if kv_layout is not None and list(dict.fromkeys(sites)) != ["kv"]:
+        raise ConfigError(f"--kv-mode {kv_layout} sets how the kv site quantizes the cache: use it with --site kv only, not {','.join(sites)}")
     if transform is not None and list(dict.fromkeys(sites)) != ["linear"]:
         raise ConfigError(f"--{'rotate' if transform.name == 'hadamard' else 'smooth'} transforms the linear site: use it with --site linear only")
     methods = [method_name(name) for name in methods]
@@ -101,7 +108,8 @@ def plan_sweep(
     for method in dict.fromkeys(methods):
         for site in dict.fromkeys(sites):
             try:
-                configs.extend(parse_config(method, b, site, scales, group_size=group_size, transform=transform, layers=layers) for b in dict.fromkeys(bits))
+                configs.extend(parse_config(method, b, site, scales, group_size=group_size, transform=transform, kv_layout=kv_layout, layers=layers)
+                               for b in dict.fromkeys(bits))
             except ConfigError as exc:  # names and bits are valid, so this pair is unsupported
                 skipped.append(f"{method} at site {site}: {exc}")
     if not configs:
@@ -125,7 +133,8 @@ def group_size_of(config: QuantConfig | PlannedConfig | None) -> int | None:
     per output channel and cache rows whole (or nothing is quantized)."""
     if config is None or isinstance(config, PlannedConfig):
         return None
-    return getattr(config.method, "weight_group_size", None) or getattr(config.site, "group_size", None)
+    layout = getattr(config.site, "layout", None)
+    return getattr(config.method, "weight_group_size", None) or getattr(config.site, "group_size", None) or getattr(layout, "group_size", None)
 
 
 def granularity_of(config: QuantConfig | PlannedConfig | None) -> str | None:
@@ -155,7 +164,7 @@ def transform_tag(transform: dict | None) -> str:
 
 def label(method: str | None, bits: int | None, site: str | None, group_size: int | None = None, transform: dict | None = None,
           kv_plan: dict | None = None, granularity: str | None = None, layers: Sequence[int] | None = None,
-          precision_plan: dict | None = None) -> str:
+          precision_plan: dict | None = None, kv_mode: str | None = None) -> str:
     if method is None:
         return REFERENCE
     scales = "" if granularity in (None, DEFAULT_GRANULARITY) else f" [{granularity}{'' if granularity in CAUSAL_GRANULARITIES else ', non-causal'}]"
@@ -163,7 +172,18 @@ def label(method: str | None, bits: int | None, site: str | None, group_size: in
         return f"{method} plan {precision_plan['average_bits']:.3g}b avg ({'/'.join(map(str, precision_plan['candidates']))}) @{site}{scales}"
     plan = "" if kv_plan is None else f" plan:{kv_plan['policy']}"
     chosen = "" if layers is None else f" layers {','.join(map(str, layers))}"
-    return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'}{transform_tag(transform)} @{site}{chosen}{plan}{scales}"
+    mode = "" if kv_mode is None else f" ({kv_mode})"
+    return f"{method} {bits}b{'' if group_size is None else f' g{group_size}'}{transform_tag(transform)} @{site}{mode}{chosen}{plan}{scales}"
+
+
+def kv_mode_of(config: QuantConfig | None) -> str | None:
+    """The kv site's layout by its `LAYOUTS` name, whatever its group size (`group_size_of` records that); its
+    description when it is none of them; None without one."""
+    layout = None if config is None or not isinstance(config.site, KVSite) else config.site.layout
+    if layout is None:
+        return None
+    fields = lambda l: (l.keys, l.zero_point, l.residual, l.engine)  # noqa: E731
+    return next((name for name, known in LAYOUTS.items() if fields(known) == fields(layout)), layout.name)
 
 
 def kv_plan_of(config: QuantConfig | PlannedConfig | None) -> KVPlan | None:
@@ -173,7 +193,7 @@ def kv_plan_of(config: QuantConfig | PlannedConfig | None) -> KVPlan | None:
 def cell_label(cell: Cell) -> str:
     """The cell's quantization, then what its model's export records (a cell adding none is labelled with the
     export's own: `describe_run`)."""
-    own = label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform, cell.kv_plan, cell.granularity, cell.layers, cell.precision_plan)
+    own = label(cell.method, cell.bits, cell.site, cell.group_size, cell.transform, cell.kv_plan, cell.granularity, cell.layers, cell.precision_plan, cell.kv_mode)
     recorded = [label(r["method"], r["bits"], r["site"], granularity=r["granularity"]) for r in cell.recorded or []]
     if not recorded:
         return own
@@ -232,7 +252,7 @@ def run_cell(
     plan = kv_plan_of(config)
     plan_record = None if plan is None else plan.record()
     widths = precision_plan_of(config)
-    advance = progress(f"{name} · {label(*describe(config), group_size_of(config), record, plan_record, granularity_of(config), layers_of(config), widths)}",
+    advance = progress(f"{name} · {label(*describe(config), group_size_of(config), record, plan_record, granularity_of(config), layers_of(config), widths, kv_mode_of(config))}",
                        len(prepared)) if progress is not None else None
     with quantized(model, config, allow_partial), counting_scored_logits() as scored:
         metrics, per_block = _evaluate(model, task, prepared, advance, blocks)
@@ -244,7 +264,7 @@ def run_cell(
     recorded = getattr(model, "quantdiff_recorded", None) or []
     method, bits, site, grain = describe_run(config, recorded)
     return Cell(name, task.name, method, bits, site, metrics, scored.nonfinite, group_size_of(config), record, per_block, plan_record, grain, recorded or None,
-                layers_of(config), widths)
+                layers_of(config), widths, kv_mode=kv_mode_of(config))
 
 
 def run_model_cells(
@@ -299,8 +319,8 @@ def cells_from_json(data: dict[str, Any]) -> list[Cell]:
     """Cells of a sweep JSON. A quantized cell written before cells recorded their granularity ran per sequence:
     it reads back as granularity tensor (non-causal)."""
     keys = ("model", "task", "method", "bits", "site", "valid", "nonfinite_logits", "group_size", "transform", "blocks", "kv_plan", "granularity", "causal", "recorded", "layers",
-            "precision_plan", "damage")
+            "precision_plan", "damage", "kv_mode")
     return [Cell(*(d[k] for k in keys[:5]), {k: v for k, v in d.items() if k not in keys}, d.get("nonfinite_logits", 0), d.get("group_size"),
                  d.get("transform"), d.get("blocks"), d.get("kv_plan"), d.get("granularity", None if d["method"] is None else "tensor"), d.get("recorded"),
-                 d.get("layers"), d.get("precision_plan", "damage"))
+                 d.get("layers"), d.get("precision_plan"), d.get("damage"), d.get("kv_mode"))
             for d in data["cells"]]

@@ -26,6 +26,7 @@ from transformers.cache_utils import Cache, DynamicLayer, get_layer_types_and_kw
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import structure
+from quantdiff.quant.kv_engines import PER_TENSOR
 from quantdiff.quant.kv_layout import KIVI, KVLayout, dequantize_into, quantize
 from quantdiff.quant.kv_plan import FULL_BITS, KVPlan, LayerPlan, check_plan_fits
 from quantdiff.quant.numerics import check_bits
@@ -77,6 +78,7 @@ class _Store:
         self.indices = {w: [h for h, b in enumerate(head_bits) if b == w] for w in sorted(set(head_bits))}
         self.packed: set[int] = set()  # widths stored packed
         self.offsets: dict[int, int] = {}  # width -> what dequantization subtracts from a symmetric code
+        self.frozen = layout.engine in PER_TENSOR  # one scale per width, set by the first flush (vLLM's calculated kv scales)
 
     @property
     def end(self) -> int:
@@ -106,13 +108,13 @@ class _Store:
             if width == FULL_BITS:
                 self.full = _cat(self.full, part)
                 continue
-            stored = quantize(part, width, self.layout, self.keys, kept)
+            stored = quantize(part, width, self.layout, self.keys, kept, self.scales.get(width) if self.frozen else None)
             self.offsets[width] = stored.offset
             if _packable(width, part.shape[-1], stored.scale.shape[-2], self.per_channel):
                 self.packed.add(width)
             codes = _pack(stored.codes, width) if width in self.packed else stored.codes
             self.codes[width] = _cat(self.codes.get(width), codes)
-            self.scales[width] = _cat(self.scales.get(width), stored.scale)  # axis 2: blocks, or tokens
+            self.scales[width] = stored.scale if self.frozen else _cat(self.scales.get(width), stored.scale)  # axis 2: blocks, or tokens
             if stored.zero is not None:
                 self.zeros[width] = _cat(self.zeros.get(width), stored.zero)
         self.quantized += done
@@ -159,7 +161,8 @@ class _Store:
         tokens = blocks * self.block
         for width in self.codes:
             self.codes[width] = self.codes[width][:, :, tokens:]
-            self.scales[width] = self.scales[width][:, :, blocks if self.per_channel else tokens :]
+            if not self.frozen:
+                self.scales[width] = self.scales[width][:, :, blocks if self.per_channel else tokens :]
             if width in self.zeros:
                 self.zeros[width] = self.zeros[width][:, :, blocks if self.per_channel else tokens :]
         if self.full is not None:

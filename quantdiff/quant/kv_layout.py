@@ -31,7 +31,7 @@ import torch
 
 from quantdiff.core.errors import ConfigError
 from quantdiff.core.integers import as_int
-from quantdiff.quant.kv_engines import BLOCK, ENGINE_BITS, OFFSETS, QUANTIZERS
+from quantdiff.quant.kv_engines import DESCRIPTIONS, ENGINE_BITS, GROUPS, OFFSETS, PER_TENSOR, QUANTIZERS, ZERO_POINTS, vllm_fp8_tensor, vllm_fp8_tensor_scale
 from quantdiff.quant.numerics import check_bits, check_group_size, qmax
 
 KEY_AXES = ("channel", "token")
@@ -44,7 +44,9 @@ class KVLayout:
     values are always per token. zero_point: asymmetric min/max grid (KIVI) or symmetric absmax. group_size:
     channels per scale of a per-token row (None: the whole row). residual: tokens kept in float until they complete
     a block of that many (0: every token quantized as written; needs keys per token). engine: an engine's own
-    quantizer instead of quantdiff's (`quant.kv_engines`: "q8_0", "q4_0"), per token in blocks of 32 channels."""
+    quantizer instead of quantdiff's (`quant.kv_engines`: llama.cpp's "q8_0", "q4_0", per token in blocks of 32
+    channels; vLLM's "vllm-int8-head", "vllm-int4-head", "vllm-fp8-head", per token and KV head, and
+    "vllm-fp8-tensor", one scale per tensor set by the first forward)."""
 
     keys: str = "channel"
     zero_point: bool = True
@@ -65,10 +67,11 @@ class KVLayout:
         if self.keys == "channel" and residual == 0:
             raise ConfigError("kv layout: keys per channel need a block of tokens: residual must be at least 1")
         if self.engine is not None:
-            if self.engine not in QUANTIZERS:
-                raise ConfigError(f"kv layout: unknown engine mode {self.engine!r} (choose from {', '.join(QUANTIZERS)})")
-            if (self.keys, self.zero_point, self.group_size, residual) != ("token", False, BLOCK, 0):
-                raise ConfigError(f"kv layout: llama.cpp's {self.engine} is per token in blocks of {BLOCK} channels, symmetric, with no residual")
+            if self.engine not in ENGINE_BITS:
+                raise ConfigError(f"kv layout: unknown engine mode {self.engine!r} (choose from {', '.join(ENGINE_BITS)})")
+            if (self.keys, self.zero_point, self.group_size, residual) != ("token", ZERO_POINTS[self.engine], GROUPS[self.engine], 0):
+                grid = "asymmetric" if ZERO_POINTS[self.engine] else "symmetric"
+                raise ConfigError(f"kv layout: {DESCRIPTIONS[self.engine].split(':')[0]} is {_engine_shape(self.engine)}, {grid}, with no residual")
 
     def check_bits(self, bits: int) -> None:
         """ConfigError when an engine mode is asked for a width its engine does not have."""
@@ -77,13 +80,14 @@ class KVLayout:
 
     @property
     def causal(self) -> bool:
-        """Whether a full forward under the `kv` site is causal at this layout (the cache always is)."""
-        return self.keys == "token" and self.residual == 0
+        """Whether a full forward under the `kv` site is causal at this layout (the cache always is; a per-tensor
+        engine's scale comes from the whole first forward, in the cache as at the site)."""
+        return self.keys == "token" and self.residual == 0 and self.engine not in PER_TENSOR
 
     @property
     def name(self) -> str:
         if self.engine is not None:
-            return f"llama.cpp {self.engine}: per token, blocks of {BLOCK} channels, fp16 scales, ggml's rounding"
+            return DESCRIPTIONS[self.engine]
         keys = f"keys per channel over {self.residual}-token blocks" if self.keys == "channel" else "keys per token"
         groups = "" if self.group_size is None else f" in groups of {self.group_size} channels"
         grid = "asymmetric (zero-point)" if self.zero_point else "symmetric absmax"
@@ -107,7 +111,12 @@ class KVLayout:
 
 KIVI = KVLayout()
 TOKEN = KVLayout(keys="token", zero_point=False, residual=0)
-ENGINE_LAYOUTS = {name: KVLayout("token", False, BLOCK, 0, name) for name in QUANTIZERS}
+def _engine_shape(engine: str) -> str:
+    group = GROUPS[engine]
+    return "per token and KV head" if group is None else f"per token in blocks of {group} channels"
+
+
+ENGINE_LAYOUTS = {name: KVLayout("token", ZERO_POINTS[name], GROUPS[name], 0, name) for name in ENGINE_BITS}
 LAYOUTS = {"kivi": KIVI, "token": TOKEN, **ENGINE_LAYOUTS}
 
 
@@ -118,7 +127,9 @@ def layout_named(name: str, group_size: int | None = None, residual: int | None 
     base = LAYOUTS[name]
     if base.engine is not None:
         if group_size is not None or residual is not None:
-            raise ConfigError(f"kv layout {name} is llama.cpp's own: its blocks of {BLOCK} channels and its lack of a residual are fixed")
+            group = GROUPS[name]
+            shape = "one scale per token and KV head" if group is None else f"blocks of {group} channels"
+            raise ConfigError(f"kv layout {name} is {DESCRIPTIONS[name].split(':')[0]}'s own: its {shape} and its lack of a residual are fixed")
         return base
     return KVLayout(base.keys, base.zero_point, group_size, base.residual if residual is None else residual)
 
@@ -128,7 +139,8 @@ def layout_named(name: str, group_size: int | None = None, residual: int | None 
 
 @dataclass(frozen=True)
 class KVCodes:
-    """codes: uint8 (≤ 8 bits) or int16, unsigned grid indices (symmetric codes c stored as c + offset);
+    """codes: uint8 (≤ 8 bits) or int16, unsigned grid indices (symmetric codes c stored as c + offset), or an fp8
+    engine's float8_e4m3fn values (offset 0);
     scale (float32, or an engine's float16), zero (float32; None: symmetric), shaped as the quantizers say;
     value = code · scale + zero, or (code − offset) · scale."""
 
@@ -180,8 +192,7 @@ def quantize_rows(x: torch.Tensor, bits: int, layout: KVLayout) -> KVCodes:
     groups = _groups(x.shape[-1], layout.group_size)
     if layout.engine is not None:
         layout.check_bits(bits)
-        codes, d = QUANTIZERS[layout.engine](x)
-        return KVCodes(codes, d, None, OFFSETS[layout.engine])
+        return KVCodes(*QUANTIZERS[layout.engine](x), OFFSETS[layout.engine])
     result = _quantize(x.unflatten(-1, (groups, -1)), bits, layout.zero_point, dim=-1)
     return KVCodes(result.codes.flatten(-2), result.scale, result.zero, result.offset)
 
@@ -197,9 +208,15 @@ def quantize_key_blocks(x: torch.Tensor, bits: int, layout: KVLayout, kept: torc
     return KVCodes(result.codes.flatten(-3, -2), result.scale, result.zero, result.offset)
 
 
-def quantize(x: torch.Tensor, bits: int, layout: KVLayout, keys: bool, kept: torch.Tensor | None = None) -> KVCodes:
+def quantize(x: torch.Tensor, bits: int, layout: KVLayout, keys: bool, kept: torch.Tensor | None = None,
+             scale: torch.Tensor | None = None) -> KVCodes:
     """Complete blocks (or, with no residual, tokens) of keys or values, as the cache stores them; `kept`: see
-    `quantize_key_blocks` (a per-token row's scale never sees another token)."""
+    `quantize_key_blocks` (a per-token row's scale never sees another token). scale: a per-tensor engine's scale,
+    set by the first forward (None: from x)."""
+    if layout.engine in PER_TENSOR:
+        layout.check_bits(bits)
+        chosen = vllm_fp8_tensor_scale(x, layout.engine, keys) if scale is None else scale
+        return KVCodes(*vllm_fp8_tensor(x, chosen), OFFSETS[layout.engine])
     if keys and layout.keys == "channel":
         return quantize_key_blocks(x, bits, layout, kept)
     return quantize_rows(x, bits, layout)

@@ -136,8 +136,8 @@ class KVSite:
     """The keys and values attention reads, after RoPE, as a KV cache holds them. Absmax only, at any 2–16 bits.
     At the default granularity (row, causal) each token is quantized as it is written: keys and values one scale
     per token and KV head over the head's channels, or per `group_size` channels of it (vLLM's per-token-head
-    INT8 KV and llama.cpp's q8_0/q4_0 blocks of 32 approximately: their exact codes are the `q8_0` and `q4_0`
-    layouts); `quantdiff.kv_cache(..., layout="token")` stores exactly these codes.
+    INT8 KV and llama.cpp's q8_0/q4_0 blocks of 32 approximately: their exact codes are the `vllm-int8-head`,
+    `q8_0` and `q4_0` layouts); `quantdiff.kv_cache(..., layout="token")` stores exactly these codes.
     At granularity tensor (the former default, not causal) KIVI's scheme over the whole sequence (Liu et al.
     2024, §3): keys per channel (one scale per sequence, KV head and channel, over the sequence's tokens), values
     per token; KIVI's token groups and full-precision window of recent tokens are left out.
@@ -268,8 +268,9 @@ def parse_config(
     group_size: absmax weights in groups of that many inputs per output channel (site linear), or the KV cache's
     rows in groups of that many channels (site kv, granularity row).
     transform: a Hadamard rotation or SmoothQuant smoothing before quantizing (site linear only).
-    kv_layout: a KV-cache layout by name (`quant.kv_layout.LAYOUTS`: "kivi", "token", "q8_0", "q4_0"; site kv
-    only), quantized with `quantdiff.kv_cache`'s own functions; group_size then sets the layout's groups.
+    kv_layout: a KV-cache layout by name (`quant.kv_layout.LAYOUTS`: "kivi", "token", "q8_0", "q4_0", "vllm-int8-head",
+    "vllm-int4-head", "vllm-fp8-head", "vllm-fp8-tensor"; site kv only), quantized with `quantdiff.kv_cache`'s own functions;
+    group_size then sets the layout's groups.
     layers: quantize only these decoder layers (0-based) at the site; checked against the model when applied."""
     bits = parse_bit_width(bits)
     _refuse_ignored(method_name(method), site_name(site), threshold, include_lm_head)

@@ -20,6 +20,14 @@ TaskOpt = Annotated[str, typer.Option("--task", "-t", help=TASK_HELP)]
 DataOpt = Annotated[Optional[str], typer.Option("--data", help=DATA_HELP)]  # a str: "" stays empty, not "."
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Evaluate only the first N items (windows, documents).")]
 GroupOpt = Annotated[Optional[int], typer.Option("--group-size", help="absmax weights at site linear in groups of G inputs per output channel (e.g. 32, 64, 128; a width G does not divide ends in a shorter group); default per output channel. At site kv: each token's keys and values per KV head in groups of G channels (llama.cpp's blocks of 32).")]
+KV_MODES = ("kivi", "token", "q8_0", "q4_0", "vllm-int8-head", "vllm-int4-head", "vllm-fp8-head", "vllm-fp8-tensor")  # = kv_layout.LAYOUTS (a test checks)
+KVModeOpt = Annotated[Optional[str], typer.Option("--kv-mode", help=(
+    "At --site kv: the cache layout, quantized with `quantdiff.kv_cache`'s own functions. kivi (the cache's default: keys per channel over "
+    "128-token blocks, values per token, zero-points, the last tokens in float; not causal within a block at this site), token (per token and KV head, "
+    "symmetric, rounded), or an engine's own codes, exactly: q8_0, q4_0 (llama.cpp, blocks of 32 channels, 8 and 4 bits), vllm-int8-head "
+    "(vLLM int8_per_token_head, truncated codes, 8 bits), vllm-int4-head (vLLM int4_per_token_head, asymmetric, 4 bits), vllm-fp8-head "
+    "(vLLM fp8_per_token_head, e4m3, 8 bits), vllm-fp8-tensor (vLLM fp8 with --calculate-kv-scales: one scale per layer for keys, amax / 200, "
+    "and values, amax / 100, from the whole first forward; not causal at this site). An engine mode refuses other --bits and any --group-size; every mode refuses --granularity tensor."))]
 ContextOpt = Annotated[Optional[int], typer.Option("--context", help="Tokens per document (retrieval) or window (lm); default 256, or the fewest positions among the models when fewer; a given value beyond a model's positions is refused.")]
 NeedlesOpt = Annotated[Optional[int], typer.Option("--needles", help="Needles per retrieval document.")]
 DepthOpt = Annotated[Optional[float], typer.Option("--depth", help="Depth in [0, 1] of every needle (0 = start of the filler, 1 = its end); default: random per needle.")]
@@ -41,6 +49,7 @@ def sweep(
     calibration: CalibrationOpt = None,
     calibration_tokens: CalibrationTokensOpt = None,
     kv_plan: KVPlanOpt = None,
+    kv_mode: KVModeOpt = None,
     granularity: GranularityOpt = "row",
     layers: LayersOpt = None,
     plan_file: PlanOpt = None,
@@ -72,7 +81,7 @@ def sweep(
     from quantdiff.cli.transform_options import calibration_file, check_kv_plans, load_kv_plans, make_transform
     from quantdiff.cli.layers_option import check_layers, parse_layers
     from quantdiff.cli.plan_option import check_plans_fit, load_precision_plans, refuse_with_plan
-    from quantdiff.cli.validate import check_group_option, check_list
+    from quantdiff.cli.validate import check_group_option, check_kv_mode, check_list
     from quantdiff.core.device import resolve_device
     from quantdiff.core.errors import ConfigError
     from quantdiff.core.outputs import check_outputs
@@ -85,17 +94,18 @@ def sweep(
     from quantdiff.quant.registry import parse_bits, split_names
 
     refuse_with_plan(plan_file, {"--bits": bits, "--method": method, "--site": site, "--group-size": group_size, "--rotate": rotate, "--smooth": smooth,
-                                 "--granularity": None if granularity == "row" else granularity, "--layers": layers})
+                                 "--granularity": None if granularity == "row" else granularity, "--layers": layers, "--kv-mode": kv_mode})
     bits, method, site = bits or "16,8,6,4", method or "absmax", site or "logits"
     for flag, text in (("--bits", bits), ("--method", method), ("--site", site)):
         check_list(text, flag)
     check_group_option(group_size, split_names(site, "sites"))
+    check_kv_mode(kv_mode, split_names(site, "sites"), parse_bits(bits), granularity, group_size, kv_plan)
     target = resolve_device(device, "--device")
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
     if layers is not None and kv_plan:
         raise ConfigError("--layers chooses layers for --site; a --kv-plan sets its own per layer")
     chosen = parse_layers(layers)
-    plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size, transform, granularity, chosen)
+    plan = plan_sweep(split_names(method, "methods"), parse_bits(bits), split_names(site, "sites"), group_size, transform, granularity, chosen, kv_mode)
     if plan_file:  # the plans' cells replace the --bits cells
         plan = SweepPlan(load_precision_plans(plan_file, data), [])
     plan.configs.extend(load_kv_plans(kv_plan, data, granularity))
@@ -140,6 +150,7 @@ def evaluate(
     calibration: CalibrationOpt = None,
     calibration_tokens: CalibrationTokensOpt = None,
     kv_plan: KVPlanOpt = None,
+    kv_mode: KVModeOpt = None,
     granularity: GranularityOpt = "row",
     layers: LayersOpt = None,
     plan_file: PlanOpt = None,
@@ -168,7 +179,7 @@ def evaluate(
     from quantdiff.cli.transform_options import calibration_file, check_kv_plans, load_kv_plans, make_transform
     from quantdiff.cli.layers_option import check_layers, parse_layers
     from quantdiff.cli.plan_option import check_plans_fit, load_precision_plans, refuse_with_plan
-    from quantdiff.cli.validate import check_group_option
+    from quantdiff.cli.validate import check_group_option, check_kv_mode
     from quantdiff.core.device import resolve_device
     from quantdiff.core.errors import ConfigError
     from quantdiff.jobs.evaluate import prepare_models, report, run_prepared
@@ -179,21 +190,22 @@ def evaluate(
     from quantdiff.quant.sites import parse_config
 
     refuse_with_plan(plan_file, {"--bits": bits, "--method": method, "--site": site, "--group-size": group_size, "--rotate": rotate, "--smooth": smooth,
-                                 "--granularity": None if granularity == "row" else granularity, "--layers": layers})
+                                 "--granularity": None if granularity == "row" else granularity, "--layers": layers, "--kv-mode": kv_mode})
     if plan_file and (kv_plan or len(plan_file) > 1):
         raise ConfigError("--plan is one quantization of its own: give one plan, without --kv-plan")
     if bits is None and not kv_plan and not plan_file and (method is not None or site is not None or group_size is not None or rotate is not None or smooth is not None
-                                         or granularity != "row" or layers is not None):
-        raise ConfigError("--method, --site, --group-size, --granularity, --rotate, --smooth and --layers choose how to quantize: give --bits too")
+                                         or granularity != "row" or layers is not None or kv_mode is not None):
+        raise ConfigError("--method, --site, --group-size, --granularity, --rotate, --smooth, --layers and --kv-mode choose how to quantize: give --bits too")
     if layers is not None and kv_plan:
         raise ConfigError("--layers chooses layers for --site; a --kv-plan sets its own per layer")
     chosen = parse_layers(layers)
     if kv_plan and (bits is not None or method is not None or site is not None or len(kv_plan) > 1):
         raise ConfigError("--kv-plan is one quantization of its own (site kv, its budget sets the bits): give one plan, without --bits, --method or --site")
     check_group_option(group_size, [site or "logits"])
+    check_kv_mode(kv_mode, [site or "logits"], [] if bits is None else [bits], granularity, group_size, kv_plan)
     target = resolve_device(device, "--device")
     transform = make_transform(rotate, smooth, calibration, calibration_tokens, task, data)
-    configs = load_kv_plans(kv_plan, data, granularity) if kv_plan else [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", granularity, group_size=group_size, transform=transform, layers=chosen)]
+    configs = load_kv_plans(kv_plan, data, granularity) if kv_plan else [] if bits is None else [parse_config(method or "absmax", bits, site or "logits", granularity, group_size=group_size, transform=transform, kv_layout=kv_mode, layers=chosen)]
     configs += load_precision_plans(plan_file, data)
     the_task = make_cli_task(task, batch_size, data=data, context=context, needles=needles, depth=depth, seed=seed)
     check_limit(limit)

@@ -50,7 +50,7 @@ def _unpack_into(packed: torch.Tensor, bits: int, out: torch.Tensor) -> None:
     per, run, mask = 8 // bits, packed.shape[-1], (1 << bits) - 1
     for i in range(per):
         part = packed >> (i * bits) if i else packed
-        out[..., i * run : (i + 1) * run].copy_(part if i == per - 1 else part & mask)
+        out.narrow(-1, i * run, run).copy_(part if i == per - 1 else part & mask)
 
 
 def _packable(bits: int, row: int, groups: int, per_channel: bool) -> bool:
@@ -123,38 +123,48 @@ class _Store:
 
     def read(self, last: int) -> torch.Tensor:
         """The last `last` stored tokens, dequantized: (B, H, last, D) in the residual's dtype. Quantized blocks
-        wholly before them (a sliding window's oldest) are not dequantized."""
+        wholly before them (a sliding window's oldest) are not dequantized. (narrow, not indexing: each step runs
+        this per layer, and Python's indexing costs microseconds a call.)"""
         batch, heads, recent, row = self.residual.shape
         skip = min(max(self.quantized + recent - last, 0), self.quantized) // self.block * self.block
         length = self.quantized - skip
         out = torch.empty(batch, heads, length + recent, row, dtype=self.residual.dtype, device=self.residual.device)
         if length:
+            quantized = out.narrow(2, 0, length)
             for width, index in self.indices.items():
-                every = slice(None) if len(index) == heads else index
+                every = len(index) == heads
                 if width == FULL_BITS:
-                    out[:, every, :length] = self.full[:, :, skip:]
-                elif len(index) == heads and out.dtype == torch.float32:
-                    self._dequantize_into(width, skip, out[:, :, :length])  # straight into attention's tensor
+                    full = self.full.narrow(2, skip, length)
+                    if every:
+                        quantized.copy_(full)
+                    else:
+                        quantized[:, index] = full
+                elif every and out.dtype == torch.float32:
+                    self._dequantize_into(width, skip, quantized)  # straight into attention's tensor
                 else:
                     part = torch.empty(batch, len(index), length, row, device=out.device)
                     self._dequantize_into(width, skip, part)
-                    out[:, every, :length] = part.to(out.dtype)
+                    if every:
+                        quantized.copy_(part)
+                    else:
+                        quantized[:, index] = part.to(out.dtype)
             for i, position in enumerate(self.kept_positions):
                 if position - self.offset >= skip:
                     out[:, :, position - self.offset - skip] = self.kept[:, :, i]
-        out[:, :, length:] = self.residual
-        return out[:, :, -last:] if last < out.shape[2] else out
+        out.narrow(2, length, recent).copy_(self.residual)
+        return out.narrow(2, out.shape[2] - last, last) if last < out.shape[2] else out
 
     def _dequantize_into(self, width: int, skip: int, out: torch.Tensor) -> None:
         """out (B, h, Sq − skip, D) float32 ← the width's codes from quantized token `skip` on, dequantized: the
         codes converted into out, then scaled there (`kv_layout.dequantize_in_place`)."""
-        codes = self.codes[width][:, :, skip:]
+        codes, scale, zero = self.codes[width], self.scales[width], self.zeros.get(width)
+        if skip:
+            first = skip // self.block if self.per_channel else skip  # scales: one per block, or per token
+            codes, scale, zero = codes[:, :, skip:], scale[:, :, first:], None if zero is None else zero[:, :, first:]
         if width in self.packed:
             _unpack_into(codes, width, out)
         else:
             out.copy_(codes)
-        first = skip // self.block if self.per_channel else skip  # scales: one per block, or per token
-        scale, zero = (None if t is None else t[:, :, first:] for t in (self.scales[width], self.zeros.get(width)))
         # per channel: scale (B, h, n, 1, D), blocks along the tokens; per token: (B, h, S, G, 1), groups along the row
         view = out.unflatten(-2, (scale.shape[-3], -1)) if self.per_channel else out.unflatten(-1, (scale.shape[-2], -1))
         dequantize_in_place(view, scale, zero, self.offsets[width])

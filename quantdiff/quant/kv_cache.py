@@ -45,12 +45,11 @@ def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _unpack_into(packed: torch.Tensor, bits: int, out: torch.Tensor) -> None:
-    """Inverse of `_pack`, converting: out (..., D) float ← the codes of (..., D·bits/8), each channel part
-    (uint8 shift and mask, no wider temporaries; the top part needs no mask) straight into its run of channels."""
-    per, run, mask = 8 // bits, packed.shape[-1], (1 << bits) - 1
-    for i in range(per):
-        part = packed >> (i * bits) if i else packed
-        out.narrow(-1, i * run, run).copy_(part if i == per - 1 else part & mask)
+    """Inverse of `_pack`, converting: out (..., D) float ← the codes of (..., D·bits/8), the channel parts side by
+    side (uint8 shifts and masks, no wider temporaries; the top part needs no mask), converted as they are written."""
+    per, mask = 8 // bits, (1 << bits) - 1
+    parts = [packed & mask] + [(packed >> (i * bits)) & mask for i in range(1, per - 1)] + [packed >> ((per - 1) * bits)]
+    torch.cat(parts, dim=-1, out=out)
 
 
 def _packable(bits: int, row: int, groups: int, per_channel: bool) -> bool:

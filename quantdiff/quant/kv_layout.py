@@ -240,7 +240,7 @@ def dequantize_in_place(out: torch.Tensor, scale: torch.Tensor, zero: torch.Tens
     if zero is None:
         out.sub_(offset).mul_(scale)
     elif scale.shape[-1] == 1 < out.shape[-1]:
-        torch.addcmul(zero.expand_as(out).contiguous(), out, scale, out=out)
+        torch.addcmul(torch.expand_copy(zero, out.shape), out, scale, out=out)
     else:
         torch.addcmul(zero, out, scale, out=out)
 

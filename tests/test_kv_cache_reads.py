@@ -59,6 +59,8 @@ def drive(plan: LayerPlan, layout: KVLayout, window: int | None = None, dtype: t
         last = keys.shape[2] if window is None else min(keys.shape[2], window - 1 + size)
         got_keys, got_values = layer.update(new_keys, new_values)
         assert got_keys.dtype == dtype and got_keys.shape == (BATCH, HEADS, last, WIDTH)
+        rows = got_keys.untyped_storage().nbytes() // (BATCH * HEADS * WIDTH * got_keys.element_size())
+        assert rows - last < block  # a sliding layer dequantizes no block that no query reads
         assert torch.equal(got_keys, reference(keys, plan, layout, True, done, last))
         assert torch.equal(got_values, reference(values, plan, layout, False, done, last))
         quantized_reads += done > keys.shape[2] - last
@@ -89,7 +91,7 @@ def test_per_head_widths_and_kept_positions_read_as_the_reference(layout):
 @pytest.mark.parametrize("layout", [KVLayout(residual=4), TOKEN], ids=["kivi", "token"])
 def test_a_sliding_window_reads_only_its_last_tokens(layout, window):
     """A window over 25 tokens (one narrower than a block, too): each read is the reference's last window − 1 + new
-    tokens; older blocks are dropped or left undequantized."""
+    tokens, and no block wholly before them is dequantized."""
     assert drive(LayerPlan((4,) * HEADS, (0,)), layout, window=window) >= 1
 
 

@@ -121,52 +121,45 @@ class _Store:
         self.quantized += done
 
     def read(self, last: int) -> torch.Tensor:
-        """The last `last` stored tokens, dequantized: (B, H, last, D) in the residual's dtype. Quantized blocks
-        wholly before them (a sliding window's oldest) are not dequantized. (narrow, not indexing: each step runs
-        this per layer, and Python's indexing costs microseconds a call.)"""
+        """The last `last` stored tokens, dequantized: (B, H, last, D) in the residual's dtype. (A sliding layer's
+        `drop_before` has already dropped every block before them. narrow, not indexing: each step runs this per
+        layer, and Python's indexing costs microseconds a call.)"""
         batch, heads, recent, row = self.residual.shape
-        skip = min(max(self.quantized + recent - last, 0), self.quantized) // self.block * self.block
-        length = self.quantized - skip
-        out = torch.empty(batch, heads, length + recent, row, dtype=self.residual.dtype, device=self.residual.device)
-        if length:
-            quantized = out.narrow(2, 0, length)
+        out = torch.empty(batch, heads, self.quantized + recent, row, dtype=self.residual.dtype, device=self.residual.device)
+        if self.quantized:
+            quantized = out.narrow(2, 0, self.quantized)
             for width, index in self.indices.items():
                 every = len(index) == heads
                 if width == FULL_BITS:
-                    full = self.full.narrow(2, skip, length)
                     if every:
-                        quantized.copy_(full)
+                        quantized.copy_(self.full)
                     else:
-                        quantized[:, index] = full
+                        quantized[:, index] = self.full
                 elif every and out.dtype == torch.float32:
-                    self._dequantize_into(width, skip, quantized)  # straight into attention's tensor
+                    self._dequantize_into(width, quantized)  # straight into attention's tensor
                 else:
-                    part = torch.empty(batch, len(index), length, row, device=out.device)
-                    self._dequantize_into(width, skip, part)
+                    part = torch.empty(batch, len(index), self.quantized, row, device=out.device)
+                    self._dequantize_into(width, part)
                     if every:
                         quantized.copy_(part)
                     else:
                         quantized[:, index] = part.to(out.dtype)
             for i, position in enumerate(self.kept_positions):
-                if position - self.offset >= skip:
-                    out[:, :, position - self.offset - skip] = self.kept[:, :, i]
-        out.narrow(2, length, recent).copy_(self.residual)
+                out[:, :, position - self.offset] = self.kept[:, :, i]
+        out.narrow(2, self.quantized, recent).copy_(self.residual)
         return out.narrow(2, out.shape[2] - last, last) if last < out.shape[2] else out
 
-    def _dequantize_into(self, width: int, skip: int, out: torch.Tensor) -> None:
-        """out (B, h, Sq − skip, D) float32 ← the width's codes from quantized token `skip` on, dequantized: the
-        codes converted into out, then scaled there (`kv_layout.dequantize_in_place`)."""
-        codes, scale, zero = self.codes[width], self.scales[width], self.zeros.get(width)
-        if skip:
-            first = skip // self.block if self.per_channel else skip  # scales: one per block, or per token
-            codes, scale, zero = codes[:, :, skip:], scale[:, :, first:], None if zero is None else zero[:, :, first:]
+    def _dequantize_into(self, width: int, out: torch.Tensor) -> None:
+        """out (B, h, Sq, D) float32 ← the width's codes, dequantized: converted into out (packed ones channel part
+        by part), then scaled there (`kv_layout.dequantize_in_place`)."""
+        codes, scale = self.codes[width], self.scales[width]
         if width in self.packed:
             _unpack_into(codes, width, out)
         else:
             out.copy_(codes)
         # per channel: scale (B, h, n, 1, D), blocks along the tokens; per token: (B, h, S, G, 1), groups along the row
         view = out.unflatten(-2, (scale.shape[-3], -1)) if self.per_channel else out.unflatten(-1, (scale.shape[-2], -1))
-        dequantize_in_place(view, scale, zero, self.offsets[width])
+        dequantize_in_place(view, scale, self.zeros.get(width), self.offsets[width])
 
     def drop_before(self, position: int) -> None:
         """Drop the whole quantized blocks that end before `position` (a sliding window's oldest)."""

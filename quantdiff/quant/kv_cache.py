@@ -27,7 +27,7 @@ from transformers.cache_utils import Cache, DynamicLayer, get_layer_types_and_kw
 from quantdiff.core.errors import ConfigError
 from quantdiff.models import structure
 from quantdiff.quant.kv_engines import PER_TENSOR
-from quantdiff.quant.kv_layout import KIVI, KVLayout, dequantize_into, quantize
+from quantdiff.quant.kv_layout import KIVI, KVLayout, dequantize_in_place, quantize
 from quantdiff.quant.kv_plan import FULL_BITS, KVPlan, LayerPlan, check_plan_fits
 from quantdiff.quant.numerics import check_bits
 
@@ -45,9 +45,12 @@ def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return out
 
 
-def _part(packed: torch.Tensor, bits: int, i: int) -> torch.Tensor:
-    """The codes of channel part i (`_pack`), uint8."""
-    return (packed >> (i * bits) if i else packed) & ((1 << bits) - 1)
+def _unpack_into(packed: torch.Tensor, bits: int, out: torch.Tensor) -> None:
+    """Inverse of `_pack`, converting: out (..., D) float ← the codes of (..., D·bits/8), the channel parts side by
+    side (uint8 shifts and masks, no wider temporaries; the top part needs no mask), converted as they are written."""
+    per, mask = 8 // bits, (1 << bits) - 1
+    parts = [packed & mask] + [(packed >> (i * bits)) & mask for i in range(1, per - 1)] + [packed >> ((per - 1) * bits)]
+    torch.cat(parts, dim=-1, out=out)
 
 
 def _packable(bits: int, row: int, groups: int, per_channel: bool) -> bool:
@@ -120,38 +123,45 @@ class _Store:
         self.quantized += done
 
     def read(self, last: int) -> torch.Tensor:
-        """The last `last` stored tokens, dequantized: (B, H, last, D) in the residual's dtype."""
-        batch, heads, _, row = self.residual.shape
-        out = torch.empty(batch, heads, self.quantized + self.residual.shape[2], row, dtype=self.residual.dtype, device=self.residual.device)
+        """The last `last` stored tokens, dequantized: (B, H, last, D) in the residual's dtype. (A sliding layer's
+        `drop_before` has already dropped every block before them. narrow, not indexing: each step runs this per
+        layer, and Python's indexing costs microseconds a call.)"""
+        batch, heads, recent, row = self.residual.shape
+        out = torch.empty(batch, heads, self.quantized + recent, row, dtype=self.residual.dtype, device=self.residual.device)
         if self.quantized:
+            quantized = out.narrow(2, 0, self.quantized)
             for width, index in self.indices.items():
+                every = len(index) == heads
                 if width == FULL_BITS:
-                    out[:, index, : self.quantized] = self.full
-                elif len(self.indices) == 1 and out.dtype == torch.float32:
-                    self._dequantize_into(width, out[:, :, : self.quantized])  # straight into attention's tensor
+                    if every:
+                        quantized.copy_(self.full)
+                    else:
+                        quantized[:, index] = self.full
+                elif every and out.dtype == torch.float32:
+                    self._dequantize_into(width, quantized)  # straight into attention's tensor
                 else:
                     part = torch.empty(batch, len(index), self.quantized, row, device=out.device)
                     self._dequantize_into(width, part)
-                    out[:, index, : self.quantized] = part
+                    if every:
+                        quantized.copy_(part)
+                    else:
+                        quantized[:, index] = part.to(out.dtype)
             for i, position in enumerate(self.kept_positions):
                 out[:, :, position - self.offset] = self.kept[:, :, i]
-        out[:, :, self.quantized :] = self.residual
-        return out[:, :, -last:] if last < out.shape[2] else out
+        out.narrow(2, self.quantized, recent).copy_(self.residual)
+        return out.narrow(2, out.shape[2] - last, last) if last < out.shape[2] else out
 
     def _dequantize_into(self, width: int, out: torch.Tensor) -> None:
-        """out (B, h, Sq, D) float32 ← the width's codes dequantized, one channel part at a time when packed."""
-        codes, scale, zero = self.codes[width], self.scales[width], self.zeros.get(width)
-        parts = 8 // width if width in self.packed else 1
-        for i in range(parts):
-            part = _part(codes, width, i) if parts > 1 else codes
-            target = out[..., i * part.shape[-1] : (i + 1) * part.shape[-1]]
-            if self.per_channel:  # scale (B, h, n, 1, D): blocks along the tokens
-                s, z = (t[..., i * part.shape[-1] : (i + 1) * part.shape[-1]] if t is not None else None for t in (scale, zero))
-                dequantize_into(part.unflatten(-2, (scale.shape[-3], -1)), s, z, self.offsets[width], target.unflatten(-2, (scale.shape[-3], -1)))
-            else:  # scale (B, h, S, G, 1): groups along the channels; a part holds G / parts of them (or the one)
-                groups = max(scale.shape[-2] // parts, 1)
-                s, z = (t[..., i * groups : (i + 1) * groups, :] if t is not None and scale.shape[-2] > 1 else t for t in (scale, zero))
-                dequantize_into(part.unflatten(-1, (groups, -1)), s, z, self.offsets[width], target.unflatten(-1, (groups, -1)))
+        """out (B, h, Sq, D) float32 ← the width's codes, dequantized: converted into out (packed ones channel part
+        by part), then scaled there (`kv_layout.dequantize_in_place`)."""
+        codes, scale = self.codes[width], self.scales[width]
+        if width in self.packed:
+            _unpack_into(codes, width, out)
+        else:
+            out.copy_(codes)
+        # per channel: scale (B, h, n, 1, D), blocks along the tokens; per token: (B, h, S, G, 1), groups along the row
+        view = out.unflatten(-2, (scale.shape[-3], -1)) if self.per_channel else out.unflatten(-1, (scale.shape[-2], -1))
+        dequantize_in_place(view, scale, self.zeros.get(width), self.offsets[width])
 
     def drop_before(self, position: int) -> None:
         """Drop the whole quantized blocks that end before `position` (a sliding window's oldest)."""

@@ -241,13 +241,25 @@ def dequantize(stored: KVCodes, dtype: torch.dtype, per_channel: bool) -> torch.
 
 
 def dequantize_into(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, offset: int, out: torch.Tensor) -> None:
-    """out (float32, codes' shape, any strides) ← code · scale + zero in one fused pass (addcmul), or
-    (code − offset) · scale; scale and zero broadcast to the codes. The cache's reads and `dequantize` share it, so
-    what the cache hands attention is bit for bit what the `kv` site computes."""
-    if zero is not None:
-        torch.addcmul(zero, codes.float(), scale, out=out)
+    """out (float32, codes' shape, any strides) ← the codes, dequantized (`dequantize_in_place`)."""
+    out.copy_(codes)
+    dequantize_in_place(out, scale, zero, offset)
+
+
+def dequantize_in_place(out: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, offset: int) -> None:
+    """out (float32 codes, any strides) ← code · scale + zero in one fused multiply-add (addcmul), or
+    (code − offset) · scale; scale and zero broadcast to out. The cache's reads and `dequantize` share it, so what
+    the cache hands attention is bit for bit what the `kv` site computes.
+
+    Arranged so that at most one operand broadcasts along the innermost axis: torch's CPU kernels vectorize only
+    then, and otherwise loop element by element (3–4× slower). So with a scale and zero-point per row (both
+    constant along it) the zero-points are spread out first."""
+    if zero is None:
+        out.sub_(offset).mul_(scale)
+    elif scale.shape[-1] == 1 < out.shape[-1]:
+        torch.addcmul(torch.expand_copy(zero, out.shape), out, scale, out=out)
     else:
-        out.copy_(codes).sub_(offset).mul_(scale)
+        torch.addcmul(zero, out, scale, out=out)
 
 
 def fake_quantize(x: torch.Tensor, bits: int, layout: KVLayout, keys: bool, kept: torch.Tensor | None = None) -> torch.Tensor:

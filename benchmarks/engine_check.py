@@ -29,7 +29,11 @@ Each engine lives in its own virtual environment, beside quantdiff's (Debian 12,
     OMP_WAIT_POLICY=PASSIVE python benchmarks/engine_check.py --llama-python .venv-llamacpp/bin/python \
         --vllm-python .venv-vllm/bin/python [--models smollm2,tiny/standard] [--windows 4] [--out engines.md]
 
-An engine left out (no --llama-python / --vllm-python) is skipped; transformers runs in quantdiff's own
+llama.cpp without building anything: node-llama-cpp's prebuilt CPU binary from the npm registry
+(`bash scripts/install_llama_engine.sh`, node >= 20), then `--llama-node` in place of `--llama-python`
+(benchmarks/llama_node.py).
+
+An engine left out (no --llama-python / --llama-node / --vllm-python) is skipped; transformers runs in quantdiff's own
 environment. The engine side runs this same file under the engine's Python (`--run-engine`), which imports
 nothing of quantdiff or torch at module level.
 """
@@ -184,6 +188,18 @@ def engine_scores(python: str, engine: str, file: Path, windows_file: Path, vllm
     return TokenScores(data["logprobs"], data["top1"]), data["engine"]
 
 
+def node_scores(file: Path, windows: list[list[int]], engine: Path) -> tuple[TokenScores | None, str]:
+    """llama.cpp's scores through node-llama-cpp installed in `engine` (benchmarks/llama_node.py), as
+    `engine_scores` gives them: (scores, engine version) or (None, the error's line)."""
+    from benchmarks.llama_node import engine_distributions
+
+    try:
+        rows, version = engine_distributions(file, windows, engine)
+    except RuntimeError as exc:
+        return None, str(exc)
+    return _from_logprob_rows(rows, windows), version
+
+
 def exports(model: str, work: Path, engines: set[str]) -> list[tuple[str, Path, str]]:
     """(label, written file or directory, engine) for every format of `model` that one of `engines` runs."""
     from quantdiff.quant.export import export_quantized
@@ -234,7 +250,10 @@ def main() -> None:
     parser.add_argument("--models", default="smollm2,tiny/standard")
     parser.add_argument("--windows", type=int, default=4, help="held-out windows per model")
     parser.add_argument("--context", type=int, default=256, help="tokens per window")
-    parser.add_argument("--llama-python", help="the Python of llama.cpp's environment (skipped without it)")
+    parser.add_argument("--llama-python", help="the Python of llama.cpp's environment (skipped without it and --llama-node)")
+    parser.add_argument("--llama-node", type=Path, nargs="?", const="installed",
+                        help="run llama.cpp through node-llama-cpp instead, installed in this folder (scripts/install_llama_engine.sh; "
+                        "without a folder: where it installs by default)")
     parser.add_argument("--vllm-python", help="the Python of vLLM's environment (skipped without it)")
     parser.add_argument("--vllm-dtype", default="bfloat16")
     parser.add_argument("--out", type=Path, help="also write the table to this Markdown file")
@@ -246,7 +265,12 @@ def main() -> None:
     if args.run_engine is not None:
         engine_main(args)
         return
-    pythons = {"llama.cpp": args.llama_python, "vllm": args.vllm_python, "transformers": sys.executable}
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1])]  # run as a script: `benchmarks.` resolves from the repo root
+    if args.llama_node is not None and str(args.llama_node) == "installed":
+        from benchmarks.llama_node import engine_dir
+
+        args.llama_node = engine_dir()
+    pythons = {"llama.cpp": args.llama_python or args.llama_node, "vllm": args.vllm_python, "transformers": sys.executable}
     lines = ["| model | export | engine, settings | loaded | perplexity: quantdiff's reload | perplexity: engine | top-1 agreement | largest |Δ log-prob| |",
              "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
@@ -258,7 +282,10 @@ def main() -> None:
             windows_file = work / "windows.json"
             windows_file.write_text(json.dumps(windows))
             for label, path, engine in exports(model, work, {engine for engine, python in pythons.items() if python}):
-                scores, note = engine_scores(pythons[engine], engine, path, windows_file, args.vllm_dtype)
+                if engine == "llama.cpp" and args.llama_node is not None:
+                    scores, note = node_scores(path, windows, args.llama_node)
+                else:
+                    scores, note = engine_scores(pythons[engine], engine, path, windows_file, args.vllm_dtype)
                 if scores is not None and path not in reference:
                     reference[path] = quantdiff_scores(path, windows)
                 result = None if scores is None else compare(reference[path], scores)

@@ -151,11 +151,39 @@ def check_name_length(name: str, what: str) -> None:
     the write would fail with 'File name too long' after the work is done."""
     size = len(os.fsencode(name))
     if size + TEMPORARY_EXTRA_BYTES > MAX_NAME_BYTES:
-        shown = name if len(name) <= 40 else name[:37] + "..."
         raise ConfigError(
-            f"{what} {shown!r} is {size} bytes long: names may have at most {MAX_NAME_BYTES - TEMPORARY_EXTRA_BYTES} "
+            f"{what} '{_abbreviated(shown(name))}' is {size} bytes long: names may have at most {MAX_NAME_BYTES - TEMPORARY_EXTRA_BYTES} "
             f"(quantdiff writes through a temporary name {TEMPORARY_EXTRA_BYTES} bytes longer)"
         )
+
+
+def _abbreviated(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def shown(path: str | Path) -> str:
+    """`path` as an error line prints it: bytes that are not UTF-8 as `\\xff` escapes (the terminal's own
+    encoding would print them as replacement characters, or fail)."""
+    return os.fsencode(str(path)).decode("utf-8", "backslashreplace")
+
+
+def check_path_names(path: str | Path, what: str, utf8: bool = False) -> None:
+    """Refuse, before any work, an output path the file system or a writer would refuse only once the work is
+    done: a last name too long for its temporary (`check_name_length`), a directory name on the way longer than
+    a name may be (mkdir says 'File name too long', after creating the directories before it), and with
+    `utf8` a path that is not UTF-8 (safetensors takes UTF-8 paths only; GGUF and JSON writers take any bytes)."""
+    path = Path(path)
+    check_name_length(path.name, f"{what} name")
+    for part in path.parent.parts:
+        if len(os.fsencode(part)) > MAX_NAME_BYTES:
+            raise ConfigError(f"{what} '{_abbreviated(shown(path))}' passes through a directory name {len(os.fsencode(part))} bytes "
+                              f"long ('{_abbreviated(shown(part))}'): names may have at most {MAX_NAME_BYTES}")
+    if utf8:
+        try:
+            os.fsencode(str(path)).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"{what} {shown(path)} is not valid UTF-8: safetensors, which writes the weights there, "
+                              "takes UTF-8 paths only (rename it)") from None
 
 
 def is_temporary_name(path: Path) -> bool:
@@ -247,7 +275,7 @@ def writable_target(path: str | Path, force: bool | None = None, flag: str = "ou
     so is a name too long to write through a temporary. With `force` given: an existing file quantdiff did not
     write is refused unless `force` is true (`core.owned`)."""
     path = Path(path)
-    check_name_length(path.name, f"{flag} file name")  # before the file system is asked (it would say 'File name too long')
+    check_path_names(path, f"{flag} file")  # before the file system is asked (it would say 'File name too long')
     real = followed(path)
     if real.is_dir():
         raise ConfigError(f"output path is a directory: {path}")
@@ -270,23 +298,29 @@ def creatable_parent(path: Path, named: str | Path | None = None) -> None:
 
 # What only a write can fail with: a full disk or quota, the file-size limit (`ulimit -f`), a read-only mount.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+# What a file system says of a name it will not hold, past the checks at the door (`check_path_names`): a path
+# longer than PATH_MAX once the files inside an output directory are added (ENAMETOOLONG), a character the file
+# system forbids (EINVAL: ':' or '?' on FAT and SMB mounts), bytes it cannot encode (EILSEQ: NFS, ZFS utf8only).
+NAME_ERRNOS = (errno.ENAMETOOLONG, errno.EINVAL, errno.EILSEQ)
 
 
 def write_errno(exc: BaseException) -> int | None:
     """The errno of a failed write: an OSError's own, or the one a library wraps in its text (safetensors says
-    'I/O error: File too large (os error 27)'); None for anything else."""
+    'I/O error: File too large (os error 27)'), when it is one of WRITE_ERRNOS or NAME_ERRNOS; None for anything
+    else."""
     if isinstance(exc, OSError):
         code = exc.errno
     else:
         text = str(exc)
         found = re.search(r"\(os error (\d+)\)", text)
         code = int(found.group(1)) if found else errno.ENOSPC if "No space left on device" in text or "Disk quota exceeded" in text else None
-    return code if code in WRITE_ERRNOS else None
+    return code if code in WRITE_ERRNOS + NAME_ERRNOS else None
 
 
 @contextmanager
 def write_errors_as_error(target: Path) -> Iterator[None]:
-    """Turn a failed write of `target` (full disk, file-size limit, read-only file system) into one line naming it."""
+    """Turn a failed write of `target` (full disk, file-size limit, read-only file system, a name the file system
+    refuses) into one line naming it."""
     try:
         yield
     except QuantdiffError:
@@ -294,9 +328,11 @@ def write_errors_as_error(target: Path) -> Iterator[None]:
     except Exception as exc:
         code = write_errno(exc)
         if code in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(f"no space left on device while writing {target} (nothing was written)") from None
+            raise DiskFullError(f"no space left on device while writing {shown(target)} (nothing was written)") from None
+        if code in NAME_ERRNOS:
+            raise ConfigError(f"cannot write {shown(target)}: {os.strerror(code)}, a name the file system refuses (nothing was written)") from None
         if code is not None:
-            raise DiskFullError(f"cannot write {target}: {os.strerror(code)} (nothing was written)") from None
+            raise DiskFullError(f"cannot write {shown(target)}: {os.strerror(code)} (nothing was written)") from None
         raise
 
 
@@ -309,7 +345,8 @@ def atomic_file(path: str | Path, force: bool = False, flag: str = "output") -> 
     `force` — checked before and again at the rename (`install_file`).
     """
     path = writable_target(path, force, flag)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with write_errors_as_error(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries()
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else default_mode()
     tmp = temporary_path(path.with_name(path.stem), suffix=path.suffix)

@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 from quantdiff.core.atomic import (
     KeptOutput,
     check_name_length,
+    check_path_names,
     default_mode,
     write_errors_as_error,
     followed,
@@ -106,7 +107,7 @@ def check_target(
     named = Path(out)
     if named.name in ("", ".", ".."):
         raise ConfigError(f"{flag} must name the directory to write, not {str(named)!r} (an empty name is the current directory)")
-    check_name_length(named.name, f"{flag} name")  # before the file system is asked (it would say 'File name too long')
+    check_path_names(named, flag, utf8=True)  # before the file system or safetensors is asked, after the work
     out = real_target(named)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{flag} exists and is not a directory: {named}")
@@ -158,7 +159,8 @@ def atomic_dir(
     sources = list(sources)
     check_target(out, force, sources, flag, kind, per_file)
     out = real_target(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    with write_errors_as_error(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries()
     tmp = temporary_path(out)
     tmp.mkdir(mode=0o700)

@@ -75,7 +75,7 @@ def plan(options: StatsOptions) -> list[PlannedModel]:
         raise ConfigError(f"--tile-size must be positive (0 = no tiling), got {options.tile_size}")
     json_file = options.json_path is not None and str(options.json_path) != STDOUT
     if json_file:
-        writable_target(options.json_path)  # not a directory, device, FIFO or socket: refused before any work
+        writable_target(options.json_path, flag="--json")  # not a directory, device, FIFO or socket: refused before any work
     named = resolve_models(options.models)  # the same model names as `quantdiff sweep` gives
     data_files = [] if options.data in BUILTINS else [options.data]
     check_outputs({"--json": options.json_path, "--plot": options.plot_dir}, model_inputs(options.models, [p for _, p in named]) + data_files)

@@ -94,3 +94,31 @@ def test_llama_cpp_computes_the_unquantized_tiny_gguf_as_quantdiff_does(tmp_path
     result = llama_node.agreement(llama_node.quantdiff_logits(out, windows), engine, windows)
     assert version.startswith("node-llama-cpp ") and result["tokens"] == 126
     assert result["kld_max"] < 1e-5 and result["same_top1"] == 1.0 and result["max_logprob_gap"] < 0.01, result
+
+
+@pytest.mark.slow(seconds=40)
+@pytest.mark.skipif(ENGINE_MISSING is not None, reason=f"llama.cpp's engine is not installed: {ENGINE_MISSING}")
+def test_llama_cpp_runs_a_mixed_precision_plan_gguf_as_quantdiff_reads_it(tmp_path, monkeypatch):
+    """`quantize --plan` to GGUF (issue 55): tensors of one layer in Q8_0, of the others in Q4_0, in one file that
+    llama.cpp loads and computes as quantdiff's forward of the same file does, within the bounds the uniform Q8_0
+    export of SmolLM2 meets (tests/test_real_exports.py: KL 0.0022, top-1 0.966 measured)."""
+    import gguf
+
+    from quantdiff.cli.app import main
+    from quantdiff.models.loading import load_config
+    from quantdiff.models.names import resolve
+    from quantdiff.quant.precision_plan import save_plan
+    from tests.test_precision_plan import _plan
+
+    monkeypatch.setenv("QUANTDIFF_CACHE", str(tmp_path / "cache"))
+    layers = load_config(resolve("tiny/standard")[0]).num_hidden_layers
+    bits = (8,) + (4,) * (layers - 1)
+    save_plan(_plan(bits=bits, budget_bits=8.0), tmp_path / "plan.json")
+    out = tmp_path / "plan.gguf"
+    main(["quantize", "tiny/standard", "--plan", str(tmp_path / "plan.json"), "--format", "gguf", "--out", str(out)])
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors if t.name.startswith("blk.") and t.name.endswith("_q.weight")}
+    assert types == {f"blk.{i}.attn_q.weight": "Q8_0" if i == 0 else "Q4_0" for i in range(layers)}, types
+    windows = torch.randint(3, 2000, (2, 64), generator=torch.Generator().manual_seed(0)).tolist()
+    engine, _ = llama_node.engine_distributions(out, windows, ENGINE)
+    result = llama_node.agreement(llama_node.quantdiff_logits(out, windows), engine, windows)
+    assert result["kld_mean"] < 0.01 and result["same_top1"] >= 0.9 and abs(result["delta_loss"]) < 0.01, result

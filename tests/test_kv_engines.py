@@ -93,6 +93,13 @@ def test_engine_modes_are_ggmls_codes_on_edge_rows(mode):
 @pytest.mark.slow(seconds=20)
 @pytest.mark.parametrize("mode", ["q8_0", "q4_0"])
 def test_engine_modes_are_ggmls_codes_on_smollm2s_keys_and_values(smollm2_dir, mode):
+    for tensor, _ in smollm2_keys_and_values(smollm2_dir):
+        check_against_ggml(tensor.reshape(-1, tensor.shape[-1]), mode)
+
+
+def smollm2_keys_and_values(smollm2_dir) -> list[tuple[torch.Tensor, bool]]:
+    """(tensor, is_keys) of SmolLM2's first and last layers' cache after a 24-token forward: real K/V to check
+    engine codes on."""
     from transformers import DynamicCache
 
     model = quantdiff.load(smollm2_dir, device="cpu")
@@ -100,9 +107,7 @@ def test_engine_modes_are_ggmls_codes_on_smollm2s_keys_and_values(smollm2_dir, m
     cache = DynamicCache()
     with torch.no_grad():
         model(ids, use_cache=True, cache=cache)
-    for layer in (0, len(cache.layers) - 1):
-        for tensor in (cache.layers[layer].keys, cache.layers[layer].values):
-            check_against_ggml(tensor.reshape(-1, tensor.shape[-1]), mode)
+    return [(t, t is cache.layers[layer].keys) for layer in (0, len(cache.layers) - 1) for t in (cache.layers[layer].keys, cache.layers[layer].values)]
 
 
 def test_the_cache_stores_engine_codes_and_refuses_other_widths(tiny_pair):

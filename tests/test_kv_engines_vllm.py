@@ -15,6 +15,7 @@ import quantdiff
 from quantdiff.core.errors import ConfigError
 from quantdiff.quant.kv_layout import LAYOUTS, fake_quantize, layout_named, quantize
 from quantdiff.quant.sites import AbsmaxMethod, KVSite, QuantConfig, quantized
+from tests.test_kv_engines import smollm2_keys_and_values
 
 F32 = np.float32
 
@@ -175,22 +176,14 @@ def test_int8_per_token_head_truncates_where_rounding_would_not():
 @pytest.mark.slow(seconds=6)
 @pytest.mark.parametrize("mode", ["vllm-int8-head", "vllm-int4-head", "vllm-fp8-head", "vllm-fp8-tensor"])
 def test_vllm_modes_are_the_kernels_codes_on_smollm2s_keys_and_values(smollm2_dir, mode):
-    from transformers import DynamicCache
-
-    model = quantdiff.load(smollm2_dir, device="cpu")
-    ids = torch.randint(1, 1000, (1, 24), generator=torch.Generator().manual_seed(1))
-    cache = DynamicCache()
-    with torch.no_grad():
-        model(ids, use_cache=True, cache=cache)
-    for layer in (0, len(cache.layers) - 1):
-        for tensor in (cache.layers[layer].keys, cache.layers[layer].values):
-            rows = tensor.reshape(-1, tensor.shape[-1])[:48]  # a slice: the transcriptions are Python loops
-            if mode == "vllm-fp8-tensor":
-                check_fp8_tensor_against_vllm(tensor[:, :, :16], keys=tensor is cache.layers[layer].keys)
-            elif mode == "vllm-int4-head":
-                check_int4_against_vllm(rows)
-            else:
-                check_against_vllm(rows, mode)
+    for tensor, keys in smollm2_keys_and_values(smollm2_dir):
+        rows = tensor.reshape(-1, tensor.shape[-1])[:48]  # a slice: the transcriptions are Python loops
+        if mode == "vllm-fp8-tensor":
+            check_fp8_tensor_against_vllm(tensor[:, :, :16], keys=keys)
+        elif mode == "vllm-int4-head":
+            check_int4_against_vllm(rows)
+        else:
+            check_against_vllm(rows, mode)
 
 
 @pytest.mark.parametrize("mode", ["vllm-int8-head", "vllm-int4-head", "vllm-fp8-head", "vllm-fp8-tensor"])

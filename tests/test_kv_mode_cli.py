@@ -5,19 +5,11 @@ import json
 
 import pytest
 
-from quantdiff.cli import app as cli
 from quantdiff.cli.commands.sweep import KV_MODES
 from quantdiff.quant.kv_layout import LAYOUTS
+from tests.test_sweep import run_cli
 
 LM = ("--task", "lm", "--limit", "1", "--context", "32")
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        cli.main([str(a) for a in argv])
-        raise SystemExit(0)
-    captured = capsys.readouterr()
-    return info.value.code, captured.out, captured.err
 
 
 def test_the_help_names_every_layout():

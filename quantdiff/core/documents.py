@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 GZ_SUFFIX = ".gz"
 
@@ -34,3 +34,18 @@ def read_document(path: Path) -> Any:
     if stored.name.endswith(GZ_SUFFIX) and stored != path:
         return json.loads(gzip.decompress(stored.read_bytes()).decode("utf-8"))
     return json.loads(stored.read_text(encoding="utf-8"))
+
+
+def unique_keys(what: str) -> Callable[[list[tuple[str, Any]]], dict]:
+    """A json `object_pairs_hook` that refuses an object giving one key twice (json keeps the last silently),
+    with a ConfigError naming `what` ("kv plan", "precision plan") and the key."""
+    from quantdiff.core.errors import ConfigError
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict:
+        keys = [key for key, _ in pairs]
+        repeated = next((key for index, key in enumerate(keys) if key in keys[:index]), None)
+        if repeated is not None:
+            raise ConfigError(f"{what}: the field {repeated!r} is given twice")
+        return dict(pairs)
+
+    return hook

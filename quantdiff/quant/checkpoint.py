@@ -17,7 +17,7 @@ from quantdiff.models import loading
 from quantdiff.models.source import model_source
 from quantdiff.quant.compressed_tensors import CompressedTensorsExport
 from quantdiff.quant.formats import WEIGHTS_NAME, LLMInt8Export, Tensors, format_from_section
-from quantdiff.quant.layer_bits import stored_formats
+from quantdiff.quant.layer_bits import MODULES_KEY, stored_formats
 from quantdiff.quant.numerics import PerTensor, compressed_tensors_token_fake_quantize
 from quantdiff.quant.sites import LinearSite, LLMInt8Method, QuantConfig, QuantizationHandle, apply_quantization
 from quantdiff.quant.transforms import rotate_inputs
@@ -36,7 +36,7 @@ def recorded_quantization(section: dict) -> list[dict]:
     found = []
     if isinstance(fmt, LLMInt8Export):
         found.append({"method": "llm-int8", "bits": 8, "site": "linear", "granularity": "tensor"})
-    if isinstance(fmt, CompressedTensorsExport) and _w8a8_modules(section, fmt):
+    if isinstance(fmt, CompressedTensorsExport) and (fmt.bits == 8 if MODULES_KEY not in section else _w8a8_modules(section, fmt)):
         found.append({"method": "compressed-tensors", "bits": 8, "site": "linear", "granularity": "row"})
     if section.get("attention") is not None:
         attention = QuantConfig.from_dict(section["attention"])

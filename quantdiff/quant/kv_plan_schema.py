@@ -19,6 +19,7 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any
 
+from quantdiff.core.documents import unique_keys
 from quantdiff.core.errors import ConfigError
 from quantdiff.quant.numerics import MAX_BITS, MIN_BITS
 
@@ -53,7 +54,7 @@ def read_plan_json(path: str | Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot read kv plan {path}: {exc.strerror or exc}") from None
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int)
+        return json.loads(text, object_pairs_hook=unique_keys("kv plan"), parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"kv plan {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
     except RecursionError:
@@ -67,14 +68,6 @@ def _bounded_int(text: str) -> int:
         raise ConfigError(f"kv plan: an integer of {len(text.lstrip('-')):,} digits is not a plan value (at most {MAX_DIGITS})")
     return int(text)
 
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    """A JSON object whose keys are all different (json keeps the last of two silently)."""
-    keys = [key for key, _ in pairs]
-    repeated = next((key for index, key in enumerate(keys) if key in keys[:index]), None)
-    if repeated is not None:
-        raise ConfigError(f"kv plan: the field {repeated!r} is given twice")
-    return dict(pairs)
 
 
 def _known(value: dict, fields: tuple[str, ...], where: str) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from torch import nn
 
+from quantdiff.core.documents import unique_keys
 from quantdiff.core.errors import ConfigError
 from quantdiff.data.sources import BUILTINS
 from quantdiff.quant.numerics import MAX_BITS, MIN_BITS
@@ -197,7 +198,7 @@ def load_plan(path: str | Path) -> PrecisionPlan:
         if path.stat().st_size > MAX_PLAN_BYTES:
             raise ConfigError(f"--plan {path} is larger than {MAX_PLAN_BYTES >> 20} MB: not a plan file")
         text = path.read_bytes().decode("utf-8")
-        data = json.loads(text, object_pairs_hook=_unique_keys)
+        data = json.loads(text, object_pairs_hook=unique_keys("precision plan"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"--plan {path}: not UTF-8 text (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
@@ -208,13 +209,6 @@ def load_plan(path: str | Path) -> PrecisionPlan:
         raise ConfigError(f"cannot read --plan {path}: {exc.strerror or exc}") from None
     return _checked(data)
 
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    keys = [key for key, _ in pairs]
-    repeated = next((key for index, key in enumerate(keys) if key in keys[:index]), None)
-    if repeated is not None:
-        raise ConfigError(f"precision plan: the field {repeated!r} is given twice")
-    return dict(pairs)
 
 
 def _fail(field: str, want: str, value: Any) -> ConfigError:

@@ -137,7 +137,8 @@ def summary_lines(summary, trust_remote_code: bool, attention) -> list[str]:
     from quantdiff.quant.layer_bits import plan_phrase
 
     d = summary.description
-    lines = [f"[bold]{summary.out}[/bold]: {d['method']} {d['bits']}-bit, {d['granularity']}"]
+    widths = f"{d['bits']}-bit" if "layer_bits" not in d else f"mixed precision ({d['bits']}-bit outside the plan's layers)"
+    lines = [f"[bold]{summary.out}[/bold]: {d['method']} {widths}, {d['granularity']}"]
     if "scale_rule" in d:
         lines.append(f"scale rule: {d['scale_rule']}")
     if "activation_rule" in d:

@@ -98,3 +98,31 @@ def agreement(reference: list[torch.Tensor], engine: list[np.ndarray], windows: 
     result = summarize({name: torch.cat(value) for name, value in parts.items()})
     result["max_logprob_gap"] = float((torch.cat(parts["nll_full"]) - torch.cat(parts["nll_quant"])).abs().max())
     return result
+
+
+def main() -> None:
+    """One GGUF file in llama.cpp beside quantdiff's forward of it: `python benchmarks/llama_node.py FILE.gguf
+    --tokens-of smollm2` (e.g. a `quantize --plan` export), on the `lm` task's first held-out windows."""
+    import argparse
+    import sys
+
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1])]  # run as a script: `benchmarks.` resolves from the repo root
+    from benchmarks.engine_check import held_out_windows
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("file", type=Path)
+    parser.add_argument("--tokens-of", required=True, help="the model whose tokenizer and BOS make the windows (the file's source)")
+    parser.add_argument("--windows", type=int, default=4)
+    parser.add_argument("--context", type=int, default=256)
+    args = parser.parse_args()
+    engine = engine_dir()
+    if missing(engine) is not None:
+        raise SystemExit(f"error: {missing(engine)}")
+    windows = held_out_windows(args.tokens_of, args.windows, args.context)
+    theirs, version = engine_distributions(args.file, windows, engine)
+    result = agreement(quantdiff_logits(args.file, windows), theirs, windows)
+    print(json.dumps({"file": str(args.file), "engine": version, **result}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -194,7 +194,7 @@ def test_quantize_plan_exports_the_plans_widths(source, tmp_path, capsys):
     """`quantdiff quantize --plan`: the plan file's widths (sensitivity's `--out`) reach the export layer by layer."""
     from tests.test_precision_plan import _plan
 
-    save_plan(_plan(bits=(8, 4)), tmp_path / "plan.json")
+    save_plan(_plan(bits=(8, 4), budget_bits=6.0), tmp_path / "plan.json")
     main(["quantize", str(source), "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "q")])
     assert "8 bits: layer 0; 4 bits: layer 1" in _printed(capsys)
     assert not _unequal(quantdiff.load(tmp_path / "q"), _expected(source, PLAN, 8, _absmax))

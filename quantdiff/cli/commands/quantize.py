@@ -73,6 +73,8 @@ def quantize(
     check_positive(threshold=threshold, group_size=group_size)  # also refuses nan and inf: an export with them would never load
     layer_bits = None
     if plan is not None:
+        if export_format == "quantdiff" and method != "absmax":
+            raise ConfigError(f"--plan writes a width per layer: --method {method} stores one width for every layer; use --method absmax")
         layer_bits, bits = _plan_widths(plan, bits)
     fmt = parse_export(method, bits or "4", LLM_INT8_THRESHOLD if threshold is None else threshold, group_size, export_format)
     attention = None

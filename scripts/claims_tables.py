@@ -24,19 +24,21 @@ from quantdiff.across_seeds.metrics import change_key, model_values, sweep_value
 from quantdiff.core.documents import read_document
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-RUNS = ("confirm-text", "confirm-bb")
-TASK = {"confirm-text": "lm", "confirm-bb": "bb"}
+RUNS = ("confirm-text", "confirm-bb", "confirm-bb-v2")
+TASK = {"confirm-text": "lm", "confirm-bb": "bb", "confirm-bb-v2": "bb"}
 AUTHORS_MIN_HEADS = 8  # the Diff Transformer authors' README: at least 8 differential heads
 REFERENCE = "standard"
-ARMS = ("diff", "diffv2")
-ARM_NAME = {"standard": "standard", "diff": "Diff V1", "diffv2": "DIFF V2", "gated": "gated", "sink": "sink logit", "standard-sgd": "SGD control"}
+# the confirmatory arms of each run, compared with standard
+ARMS = {"confirm-text": ("diff", "diffv2"), "confirm-bb": ("diff", "diffv2"), "confirm-bb-v2": ("diffv2-matched", "diffv2")}
+ARM_NAME = {"standard": "standard", "diff": "Diff V1", "diffv2": "DIFF V2", "diffv2-matched": "DIFF V2, budget-matched", "gated": "gated", "sink": "sink logit", "standard-sgd": "SGD control"}
 LOGIT_METRICS = (
     ("table5/attention_logits/top1_per_map", "Top-1 per map (all maps; the confirmatory metric)"),
     ("table5/attention_logits/top1_per_map1", "Top-1 per map, map 1 alone"),
     ("table5/attention_logits/top1", "Top-1 overall (Table 5's quantity)"),
     ("table5/attention_logits/top1_over_median", "Top-1 ÷ median, overall"),
 )
-CONFIRMATORY_CHANGES = {"confirm-text": (("linear", "absmax", 4),), "confirm-bb": (("linear", "absmax", 4), ("linear", "absmax", 3))}
+CONFIRMATORY_CHANGES = {"confirm-text": (("linear", "absmax", 4),), "confirm-bb": (("linear", "absmax", 4), ("linear", "absmax", 3)),
+                        "confirm-bb-v2": (("linear", "absmax", 4), ("linear", "absmax", 3))}
 POWER = 0.80
 ALPHA = 0.05
 GAUSSIAN_SEED = 0
@@ -100,15 +102,15 @@ def p_text(p: float) -> str:
 def logit_table(run: str, data: dict) -> str:
     rows = ["| arm | measure | standard ÷ arm [95% CI] | seeds standard larger / arm larger | p (paired t, uncorrected) |",
             "|---|---|---|---|---|"]
-    for arm in ARMS:
+    for arm in ARMS[run]:
         for key, label in LOGIT_METRICS:
             c = compare(data[key], arm, ratio=True)
             rows.append(f"| {ARM_NAME[arm]} | {label} | {interval(c, True)} | {c['reference_higher']} / {c['other_higher']} | {p_text(c['p'])} |")
-    map_means = {arm: statistics.fmean(v[arm] for v in data["table5/attention_logits/top1_per_map1"].values()) for arm in (REFERENCE, *ARMS)}
-    all_means = {arm: statistics.fmean(v[arm] for v in data["table5/attention_logits/top1_per_map"].values()) for arm in (REFERENCE, *ARMS)}
+    map_means = {arm: statistics.fmean(v[arm] for v in data["table5/attention_logits/top1_per_map1"].values()) for arm in (REFERENCE, *ARMS[run])}
+    all_means = {arm: statistics.fmean(v[arm] for v in data["table5/attention_logits/top1_per_map"].values()) for arm in (REFERENCE, *ARMS[run])}
     # the per-map mean over all maps is the mean of map 1's and map 2's (each arm has as many of one as the other)
-    map2 = {arm: 2 * all_means[arm] - map_means[arm] for arm in ARMS}
-    notes = "; ".join(f"{ARM_NAME[a]} map 1 {map_means[a]:.2f}, map 2 {map2[a]:.2f}" for a in ARMS)
+    map2 = {arm: 2 * all_means[arm] - map_means[arm] for arm in ARMS[run]}
+    notes = "; ".join(f"{ARM_NAME[a]} map 1 {map_means[a]:.2f}, map 2 {map2[a]:.2f}" for a in ARMS[run])
     return "\n".join(rows) + f"\n\nMean per-map Top-1 |logit| over seeds: standard {map_means[REFERENCE]:.2f}; {notes}.\n"
 
 
@@ -175,12 +177,13 @@ def power_table(run: str, data: dict) -> str:
     for site, method, bits in CONFIRMATORY_CHANGES[run]:
         values = data[change_key(TASK[run], site, method, bits)]
         own = summarize([v for v in arm_series(values, REFERENCE).values() if v is not None])
-        for arm in ARMS:
+        for arm in ARMS[run]:
             c = compare(values, arm, ratio=False)
             nonzero = sum(v != 0 for v in c["per_seed"].values())
             effect = mde(c["sd"], c["n"])
+            relative = f"{effect / abs(own['mean']):.2f}×" if own["mean"] else "– (standard loses nothing)"
             rows.append(f"| {TASK[run]} {method} {bits}-bit at {site} | {ARM_NAME[arm]} | {nonzero} / {c['n']} | {2.0 ** (1 - nonzero):.3g} | "
-                        f"{effect:.5f} | {signed(own['mean'], 5)} [{signed(own['low'], 5)}, {signed(own['high'], 5)}] | {effect / abs(own['mean']):.2f}× |")
+                        f"{effect:.5f} | {signed(own['mean'], 5)} [{signed(own['low'], 5)}, {signed(own['high'], 5)}] | {relative} |")
     return "\n".join(rows) + "\n"
 
 
@@ -193,9 +196,9 @@ def separation_table(run: str, data: dict, bits: tuple[int, ...] = (2, 3), alpha
         parts = key.split("/")
         if not key.startswith("change/") or int(parts[-1]) not in bits:
             continue
-        tested += len(ARMS)
+        tested += len(ARMS[run])
         own = summarize([v for v in arm_series(values, REFERENCE).values() if v is not None])
-        for arm in ARMS:
+        for arm in ARMS[run]:
             c = compare(values, arm, ratio=False)
             if c["p"] is not None and c["p"] < alpha:
                 rows.append(f"| {parts[1]} {parts[3]} {parts[4]}-bit at {parts[2]} | {ARM_NAME[arm]} {interval(c, False)} | "
@@ -206,7 +209,7 @@ def separation_table(run: str, data: dict, bits: tuple[int, ...] = (2, 3), alpha
 def three_bit_text(data: dict) -> str:
     values = data[change_key("lm", "linear", "absmax", 3)]
     rows = ["| arm | change at 3 bits − standard's change [95% CI] | p (sign-flip) |", "|---|---|---|"]
-    for arm in ARMS:
+    for arm in ARMS["confirm-text"]:
         c = compare(values, arm, ratio=False)
         rows.append(f"| {ARM_NAME[arm]} | {interval(c, False)} | {p_text(c['p'])} |")
     return "\n".join(rows) + "\n"
@@ -216,7 +219,8 @@ def main() -> None:
     smollm2 = next(m for m in read_json(RESULTS / "real-models" / "smollm2-stats.json")["models"] if m["name"] == "smollm2")
     for run in RUNS:
         data = per_seed(run)
-        print(f"## {run}\n\nDiff V1: {differential_heads(run)} differential head(s) per layer (the authors ask for at least {AUTHORS_MIN_HEADS}).\n")
+        heads = f"Diff V1: {differential_heads(run)} differential head(s) per layer (the authors ask for at least {AUTHORS_MIN_HEADS}).\n\n" if "diff" in ARMS[run] else ""
+        print(f"## {run}\n\n{heads}", end="")
         print(f"### Attention logits, unpacked\n\n{logit_table(run, data)}")
         print(f"### The regime\n\n{regime_table(run, smollm2)}")
         print(f"### Power of the confirmatory quantized comparisons\n\n{power_table(run, data)}")

@@ -97,6 +97,7 @@ ENGINE = llama_node.engine_dir()  # resolved here, before a test points QUANTDIF
 ENGINE_MISSING = llama_node.missing(ENGINE)
 
 
+@pytest.mark.real_exports  # in make test-isolation (CI), not make test: it keeps make test under 10 minutes
 @pytest.mark.slow(seconds=200)  # export shared with the test above; llama.cpp's run ~50 s, quantdiff's ~10 s, windows ~20 s
 @pytest.mark.skipif(ENGINE_MISSING is not None, reason=f"llama.cpp's engine is not installed: {ENGINE_MISSING}")
 def test_smollm2_gguf_runs_in_llama_cpp_beside_quantdiff(exported, tmp_path, monkeypatch):

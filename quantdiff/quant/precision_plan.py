@@ -110,6 +110,12 @@ class PlannedConfig:
         """The one site every part quantizes (what code asking a config for its site's options reads)."""
         return self.parts[0].site
 
+    def parts_for(self, model: nn.Module) -> list[QuantConfig]:
+        """One config per width (`sites.apply_quantization`), once the plan is checked to fit `model` (a plan for
+        fewer layers would leave the rest unquantized)."""
+        self.plan.check_model(model)
+        return list(self.parts)
+
 
 def planned_config(plan: PrecisionPlan) -> PlannedConfig:
     return PlannedConfig(plan, tuple(plan.configs()))

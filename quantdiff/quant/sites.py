@@ -193,6 +193,11 @@ class QuantConfig:
             raise ConfigError(f"a quantization config's layers must be a list of integers, got {layers!r:.60}")
         return cls(_method_from_dict(data["method"]), _site_from_dict(data["site"]), None if layers is None else tuple(layers))
 
+    def parts_for(self, model: nn.Module) -> list[QuantConfig]:
+        """The configs `apply_quantization` applies to `model`: this one (a mixed-precision plan's
+        `precision_plan.PlannedConfig` gives one per width, after checking the plan fits the model)."""
+        return [self]
+
 
 # ---- the JSON form of configs (names from `registry`) -------------------------------------------------------
 
@@ -635,13 +640,9 @@ class QuantizationHandle:
 def apply_quantization(model: nn.Module, config: QuantConfig | None) -> QuantizationHandle:
     """Fake-quantize `model` in place as `config` says; None is the unquantized reference (a no-op). A
     mixed-precision plan's `precision_plan.PlannedConfig` applies its configs (disjoint layers) together."""
-    from quantdiff.quant.precision_plan import PlannedConfig  # that module builds on this one
-
     if config is None:
         return QuantizationHandle([])
-    if isinstance(config, PlannedConfig):
-        config.plan.check_model(model)  # a plan for fewer layers would leave the rest unquantized
-    parts = list(config.parts) if isinstance(config, PlannedConfig) else [config]  # a plan: one config per width
+    parts = config.parts_for(model)
     for part in parts:
         check_supported(part)
     undo: list[Undo] = []

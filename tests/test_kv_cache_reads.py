@@ -1,6 +1,6 @@
 """The quantized KV cache's reads (`quant.kv_cache`, the decode-speed path): what every update hands attention equals,
 bit for bit, a naive reference that quantizes every complete block of everything written so far with the layout's
-quantizers and dequantizes all of it in one fused multiply-add per element (`torch.addcmul(zero, code, scale)`, or
+quantizers and dequantizes all of it at once as KIVI does (`code · scale + zero`, a multiply then an add, or
 `(code − offset) · scale` without a zero-point), the float residual, 16-bit heads and kept rows as written; at every
 layout, width (packed or not), per-head plan, sliding window and dtype."""
 
@@ -26,7 +26,7 @@ def naive(x: torch.Tensor, bits: int, layout: KVLayout, keys: bool, kept: torch.
     if stored.zero is None:
         out = (view - stored.offset) * stored.scale
     else:
-        out = torch.addcmul(stored.zero, view, stored.scale)
+        out = view * stored.scale + stored.zero
     return out.reshape(x.shape)
 
 

@@ -46,11 +46,13 @@ def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _unpack_into(packed: torch.Tensor, bits: int, out: torch.Tensor) -> None:
-    """Inverse of `_pack`, converting: out (..., D) float ← the codes of (..., D·bits/8), the channel parts side by
-    side (uint8 shifts and masks, no wider temporaries; the top part needs no mask), converted as they are written."""
-    per, mask = 8 // bits, (1 << bits) - 1
-    parts = [packed & mask] + [(packed >> (i * bits)) & mask for i in range(1, per - 1)] + [packed >> ((per - 1) * bits)]
-    torch.cat(parts, dim=-1, out=out)
+    """Inverse of `_pack`, converting: out (..., D) float ← the codes of (..., D·bits/8), each channel part unpacked
+    in uint8 (shifts and masks, no wider temporaries; the top part needs no mask) and converted as it is copied into
+    its run of out (one copy a part: torch.cat into a float `out` from uint8 parts takes twice as long)."""
+    per, mask, width = 8 // bits, (1 << bits) - 1, packed.shape[-1]
+    for i in range(per):
+        part = packed if i == 0 else packed >> (i * bits)
+        out.narrow(-1, i * width, width).copy_(part if i == per - 1 else part & mask)
 
 
 def _packable(bits: int, row: int, groups: int, per_channel: bool) -> bool:
@@ -122,12 +124,14 @@ class _Store:
                 self.zeros[width] = _cat(self.zeros.get(width), stored.zero)
         self.quantized += done
 
-    def read(self, last: int) -> torch.Tensor:
-        """The last `last` stored tokens, dequantized: (B, H, last, D) in the residual's dtype. (A sliding layer's
-        `drop_before` has already dropped every block before them. narrow, not indexing: each step runs this per
-        layer, and Python's indexing costs microseconds a call.)"""
+    def read(self, last: int, scratch: _Scratch | None = None) -> torch.Tensor:
+        """The last `last` stored tokens, dequantized: (B, H, last, D) in the residual's dtype, written into
+        `scratch`'s tensor when given (else a new one). (A sliding layer's `drop_before` has already dropped every
+        block before them. narrow, not indexing: each step runs this per layer, and Python's indexing costs
+        microseconds a call.)"""
         batch, heads, recent, row = self.residual.shape
-        out = torch.empty(batch, heads, self.quantized + recent, row, dtype=self.residual.dtype, device=self.residual.device)
+        shape = (batch, heads, self.quantized + recent, row)
+        out = torch.empty(shape, dtype=self.residual.dtype, device=self.residual.device) if scratch is None else scratch.take(self.keys, shape, self.residual)
         if self.quantized:
             quantized = out.narrow(2, 0, self.quantized)
             for width, index in self.indices.items():
@@ -202,6 +206,26 @@ def _cat(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
     return new if old is None else torch.cat([old, new], dim=2)
 
 
+class _Scratch:
+    """The two tensors (keys, values) a cache's `update` writes what attention reads into, shared by its layers for
+    one forward: a layer's are read by its attention before the next layer's update overwrites them, and dropped
+    after the last layer's, so nothing float is held between forwards. (A fresh tensor a read cost a page fault
+    every 4 KiB: glibc returns a freed block of that size to the system, 40% of a 4-bit read at 1,024 tokens.)"""
+
+    def __init__(self) -> None:
+        self.buffers: dict[bool, torch.Tensor] = {}
+
+    def take(self, keys: bool, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        size = shape[0] * shape[1] * shape[2] * shape[3]
+        buffer = self.buffers.get(keys)
+        if buffer is None or buffer.numel() < size or buffer.dtype != like.dtype or buffer.device != like.device:
+            buffer = self.buffers[keys] = torch.empty(size, dtype=like.dtype, device=like.device)
+        return buffer[:size].view(shape)
+
+    def release(self) -> None:
+        self.buffers.clear()
+
+
 class QuantizedKVLayer(DynamicLayer):
     """One decoder layer's quantized cache (transformers' `CacheLayerMixin` protocol, grown like `DynamicLayer`).
 
@@ -211,8 +235,9 @@ class QuantizedKVLayer(DynamicLayer):
 
     is_croppable = False  # crop would have to cut packed blocks and the kept rows apart; generate never needs it here
 
-    def __init__(self, layer: LayerPlan, layout: KVLayout = KIVI, sliding_window: int | None = None) -> None:
+    def __init__(self, layer: LayerPlan, layout: KVLayout = KIVI, sliding_window: int | None = None, scratch: _Scratch | None = None) -> None:
         super().__init__()
+        self.scratch = scratch
         self.plan = layer
         self.layout = layout
         self.sliding_window = sliding_window
@@ -237,7 +262,7 @@ class QuantizedKVLayer(DynamicLayer):
             if self.layout.residual == 0:
                 store.flush()
         visible = self.cumulative_length if self.sliding_window is None else min(self.cumulative_length, self.sliding_window - 1 + new)
-        keys, values = (store.read(visible) for store in stores)
+        keys, values = (store.read(visible, self.scratch) for store in stores)
         for store in stores:
             if self.layout.residual:
                 store.flush()
@@ -289,11 +314,21 @@ class QuantizedKVLayer(DynamicLayer):
 
 
 class QuantizedKVCache(Cache):
-    """A model's quantized KV cache: one `QuantizedKVLayer` per decoder layer. `nbytes()` counts what it stores."""
+    """A model's quantized KV cache: one `QuantizedKVLayer` per decoder layer. `nbytes()` counts what it stores.
 
-    def __init__(self, layers: list[QuantizedKVLayer], layout: KVLayout) -> None:
+    The keys and values `update` returns are valid until the next layer's update: the layers write them into one
+    shared pair of tensors (`_Scratch`), as a model's forward reads each layer's before the next layer runs."""
+
+    def __init__(self, layers: list[QuantizedKVLayer], layout: KVLayout, scratch: _Scratch) -> None:
         super().__init__(layers=layers)
         self.layout = layout
+        self.scratch = scratch
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        out = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        if layer_idx == len(self.layers) - 1:
+            self.scratch.release()  # the forward's last layer: its attention holds what it reads, the cache nothing
+        return out
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
@@ -358,4 +393,5 @@ def kv_cache(model: nn.Module, plan: KVPlan | None = None, bits: int | None = No
         for width in set(layer.kv_bits) - {FULL_BITS}:
             layout.check_bits(width)
     windows = _windows(config)
-    return QuantizedKVCache([QuantizedKVLayer(p, layout, w) for p, w in zip(layer_plans, windows)], layout)
+    scratch = _Scratch()
+    return QuantizedKVCache([QuantizedKVLayer(p, layout, w, scratch) for p, w in zip(layer_plans, windows)], layout, scratch)

@@ -247,19 +247,15 @@ def dequantize_into(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
 
 
 def dequantize_in_place(out: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, offset: int) -> None:
-    """out (float32 codes, any strides) ← code · scale + zero in one fused multiply-add (addcmul), or
-    (code − offset) · scale; scale and zero broadcast to out. The cache's reads and `dequantize` share it, so what
-    the cache hands attention is bit for bit what the `kv` site computes.
-
-    Arranged so that at most one operand broadcasts along the innermost axis: torch's CPU kernels vectorize only
-    then, and otherwise loop element by element (3–4× slower). So with a scale and zero-point per row (both
-    constant along it) the zero-points are spread out first."""
+    """out (float32 codes, any strides) ← code · scale + zero as KIVI computes it (a multiply, then an add: two
+    roundings, as `data * scale + mn` in its quant/new_pack.py), or (code − offset) · scale; scale and zero broadcast
+    to out. The cache's reads and `dequantize` share it, so what the cache hands attention is bit for bit what the
+    `kv` site computes. (Two in-place passes with one broadcast operand each: torch's CPU kernels vectorize those,
+    where a fused addcmul of a per-row scale and zero-point, both broadcast along the row, loops element by element.)"""
     if zero is None:
         out.sub_(offset).mul_(scale)
-    elif scale.shape[-1] == 1 < out.shape[-1]:
-        torch.addcmul(torch.expand_copy(zero, out.shape), out, scale, out=out)
     else:
-        torch.addcmul(zero, out, scale, out=out)
+        out.mul_(scale).add_(zero)
 
 
 def fake_quantize(x: torch.Tensor, bits: int, layout: KVLayout, keys: bool, kept: torch.Tensor | None = None) -> torch.Tensor:

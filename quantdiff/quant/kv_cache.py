@@ -13,6 +13,9 @@ a byte, packed along the channels; other widths one code a byte, int16 above 8 b
 zero-points; heads at 16 bits as computed. A kv plan (`quant.kv_plan`) sets each (layer, KV head)'s width and the
 positions kept at 16 bits (the sinks): their rows are stored as computed and left out of their block's key scales.
 
+Reads: every update dequantizes the layer's whole history into the tensor attention reads, one pair of tensors
+shared by the layers of a forward (`_Scratch`): what `update` returns is valid until the next layer's update.
+
 Sliding-window layers (Gemma 3's local layers) keep at most the window, as transformers' `DynamicSlidingWindowLayer`
 does: whole quantized blocks that no later query can see are dropped, and attention reads the last
 `window − 1` tokens plus the new ones.

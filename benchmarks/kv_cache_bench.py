@@ -180,7 +180,7 @@ def speed(model, ids: torch.Tensor, contexts: list[int], bits_list: list[int], s
     from transformers import DynamicCache
 
     print(f"\n### Decode speed and bytes ({steps} steps a round, {rounds} rounds alternated, medians; 1 thread)\n")
-    print("| context | cache | bits | bytes | ÷ DynamicCache | ms / step | ÷ DynamicCache |\n|---|---|---|---|---|---|---|")
+    print("| context | cache | bits | bytes | ÷ DynamicCache | ms / step | ÷ DynamicCache, paired [95% CI] |\n|---|---|---|---|---|---|---|")
     for context in contexts:
         prefilled = DynamicCache(config=model.config)
         model(ids[:, :context], past_key_values=prefilled, use_cache=True)
@@ -206,13 +206,26 @@ def speed(model, ids: torch.Tensor, contexts: list[int], bits_list: list[int], s
                 for _ in range(steps):
                     model(token, past_key_values=cache, use_cache=True)
                 samples[key].append((time.perf_counter() - start) / steps)
-        base = statistics.median(samples["DynamicCache (unquantized)"])
+        base = samples["DynamicCache (unquantized)"]
         base_bytes = cache_bytes(caches["DynamicCache (unquantized)"])
         for key, cache in caches.items():
             name, bits = (key, 32) if isinstance(key, str) else key
-            median = statistics.median(samples[key])
+            ratio, low, high = median_interval([t / b for t, b in zip(samples[key], base)])
             size = cache_bytes(cache)
-            print(f"| {context} | {name} | {bits} | {size / 2**20:.2f} MiB | {size / base_bytes:.3f}× | {median * 1e3:.1f} | {median / base:.2f}× |", flush=True)
+            print(f"| {context} | {name} | {bits} | {size / 2**20:.2f} MiB | {size / base_bytes:.3f}× | {statistics.median(samples[key]) * 1e3:.1f} "
+                  f"| {ratio:.2f}× [{low:.2f}, {high:.2f}] |", flush=True)
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """The median of `values` and its distribution-free confidence interval: the order statistics k and n − k + 1,
+    k the largest with P(Binomial(n, ½) < k) ≤ (1 − level) / 2 (Conover, Practical Nonparametric Statistics, §3.2).
+    Here the values are each round's step time over DynamicCache's in the same round (paired: a load change between
+    rounds moves both)."""
+    from quantdiff.across_seeds.significance import binomial_cdf
+
+    ordered, n = sorted(values), len(values)
+    k = max([j for j in range(1, n // 2 + 1) if binomial_cdf(j - 1, n) <= (1 - level) / 2], default=1)
+    return statistics.median(ordered), ordered[k - 1], ordered[n - k]
 
 
 def window(model, tokenizer, length: int, new: int) -> None:

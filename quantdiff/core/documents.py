@@ -49,3 +49,25 @@ def unique_keys(what: str) -> Callable[[list[tuple[str, Any]]], dict]:
         return dict(pairs)
 
     return hook
+
+
+def read_json_file(path: Path, flag: str, what: str, max_bytes: int, parse_int: Callable[[str], Any] | None = None) -> Any:
+    """The JSON value of a file given to option `flag` (a plan): at most `max_bytes`, UTF-8, no object giving a key
+    twice (`unique_keys(what)`); anything else one ConfigError line naming the option, the file and what is wrong.
+    (The caller has checked it is a regular file: `data.sources.check_data_file`.)"""
+    from quantdiff.core.errors import ConfigError
+
+    try:
+        if path.stat().st_size > max_bytes:
+            raise ConfigError(f"{flag} {path} is larger than {max_bytes >> 20} MB: not a {what} file")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{flag} {path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {flag} {path}: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text, object_pairs_hook=unique_keys(what), parse_int=parse_int)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag} {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    except (RecursionError, ValueError):  # nesting, or an integer of thousands of digits
+        raise ConfigError(f"{flag} {path}: not a {what} file (JSON nested too deeply or a number too long)") from None

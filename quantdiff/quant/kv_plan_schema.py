@@ -19,7 +19,7 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any
 
-from quantdiff.core.documents import unique_keys
+from quantdiff.core.documents import read_json_file
 from quantdiff.core.errors import ConfigError
 from quantdiff.quant.numerics import MAX_BITS, MIN_BITS
 
@@ -44,21 +44,7 @@ def read_plan_json(path: str | Path) -> Any:
     from quantdiff.data.sources import check_data_file
 
     check_data_file(path, "--kv-plan")
-    path = Path(path)
-    try:
-        if path.stat().st_size > MAX_PLAN_BYTES:
-            raise ConfigError(f"kv plan {path} is larger than {MAX_PLAN_BYTES >> 20} MB: not a plan file")
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"kv plan {path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read kv plan {path}: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text, object_pairs_hook=unique_keys("kv plan"), parse_int=_bounded_int)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"kv plan {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    except RecursionError:
-        raise ConfigError(f"kv plan {path}: JSON nested too deeply to be a plan") from None
+    return read_json_file(Path(path), "--kv-plan", "kv plan", MAX_PLAN_BYTES, parse_int=_bounded_int)
 
 
 def _bounded_int(text: str) -> int:
@@ -67,7 +53,6 @@ def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_DIGITS:
         raise ConfigError(f"kv plan: an integer of {len(text.lstrip('-')):,} digits is not a plan value (at most {MAX_DIGITS})")
     return int(text)
-
 
 
 def _known(value: dict, fields: tuple[str, ...], where: str) -> None:

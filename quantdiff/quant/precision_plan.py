@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from torch import nn
 
-from quantdiff.core.documents import unique_keys
+from quantdiff.core.documents import read_json_file
 from quantdiff.core.errors import ConfigError
 from quantdiff.data.sources import BUILTINS
 from quantdiff.quant.numerics import MAX_BITS, MIN_BITS
@@ -199,22 +199,8 @@ def load_plan(path: str | Path) -> PrecisionPlan:
     from quantdiff.data.sources import check_data_file
 
     check_data_file(path, "--plan")
-    path = Path(path)
-    try:
-        if path.stat().st_size > MAX_PLAN_BYTES:
-            raise ConfigError(f"--plan {path} is larger than {MAX_PLAN_BYTES >> 20} MB: not a plan file")
-        text = path.read_bytes().decode("utf-8")
-        data = json.loads(text, object_pairs_hook=unique_keys("precision plan"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"--plan {path}: not UTF-8 text (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--plan {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    except (RecursionError, ValueError):  # nesting, or an integer of thousands of digits
-        raise ConfigError(f"--plan {path}: not a plan file (JSON nested too deeply or a number too long)") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read --plan {path}: {exc.strerror or exc}") from None
+    data = read_json_file(Path(path), "--plan", "precision plan", MAX_PLAN_BYTES)
     return _checked(data)
-
 
 
 def _fail(field: str, want: str, value: Any) -> ConfigError:

@@ -167,16 +167,8 @@ def damage(model, ids: torch.Tensor, prompt: int, bits_list: list[int], plans: d
             print(f"| {name} | {bits} | {float(kl):.4f} | {float(agree):.3f} |", flush=True)
 
 
-def without_scratch(cache):
-    """The cache with every read into a fresh tensor, as before its layers shared one (`--fresh-reads`)."""
-    for layer in cache.layers:
-        layer.scratch = None
-    return cache
-
-
-def speed(model, ids: torch.Tensor, contexts: list[int], bits_list: list[int], steps: int, rounds: int, fresh_reads: bool = False) -> None:
-    """ms per decode step and bytes at each context, every contender given the same prompt keys and values;
-    `fresh_reads`: also the default layout reading into a fresh tensor each layer (the shared scratch's effect)."""
+def speed(model, ids: torch.Tensor, contexts: list[int], bits_list: list[int], steps: int, rounds: int) -> None:
+    """ms per decode step and bytes at each context, every contender given the same prompt keys and values."""
     from transformers import DynamicCache
 
     print(f"\n### Decode speed and bytes ({steps} steps a round, {rounds} rounds alternated, medians; 1 thread)\n")
@@ -186,12 +178,7 @@ def speed(model, ids: torch.Tensor, contexts: list[int], bits_list: list[int], s
         model(ids[:, :context], past_key_values=prefilled, use_cache=True)
         caches = {}
         for bits in bits_list:
-            contenders = makers(model, bits)
-            if fresh_reads:
-                import quantdiff
-
-                contenders["kv_cache kivi (default), a fresh tensor a read"] = lambda bits=bits: without_scratch(quantdiff.kv_cache(model, bits=bits))
-            for name, make in contenders.items():
+            for name, make in makers(model, bits).items():
                 if make is None or (name.startswith("DynamicCache") and name in caches):
                     continue
                 cache = make()
@@ -286,7 +273,6 @@ def main() -> None:
     parser.add_argument("--speed-bits", type=int, nargs="+", default=[8, 4])
     parser.add_argument("--decode-steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--fresh-reads", action="store_true", help="speed: also the default layout with every read into a fresh tensor (no shared scratch)")
     parser.add_argument("--window", type=int, default=None, help="tokens for the sliding-window check (Gemma 3)")
     parser.add_argument("--new", type=int, default=16)
     parser.add_argument("--gap", action="store_true", help="the cache against a full forward under the kv site (token layout)")
@@ -311,7 +297,7 @@ def main() -> None:
         plans = derive_plans(model, tokenizer, path, args.bits) if args.policies else None
         damage(model, text_ids(tokenizer, args.prompt + args.steps), args.prompt, args.bits, plans, args.only)
     if args.speed:
-        speed(model, text_ids(tokenizer, max(args.contexts) + 1), args.contexts, args.speed_bits, args.decode_steps, args.rounds, args.fresh_reads)
+        speed(model, text_ids(tokenizer, max(args.contexts) + 1), args.contexts, args.speed_bits, args.decode_steps, args.rounds)
     if args.gap:
         gap(model, text_ids(tokenizer, 200), 200, args.new)
     if args.window:

@@ -209,33 +209,6 @@ def test_the_prompt_attends_in_float_and_later_steps_read_quantized_blocks(model
     assert (step[:, 0] - plain[:, 10]).abs().max() > 1e-3
 
 
-def test_the_layers_read_into_one_shared_pair_that_the_last_layer_releases(models):
-    """A forward's layers write what attention reads into one pair of tensors (keys, values), reused layer after
-    layer and dropped after the last, so the cache holds nothing float between forwards; the reads equal a lone
-    layer's, which allocates its own, and decoding through the cache is unchanged."""
-    model = models["standard"]
-    cache = quantdiff.kv_cache(model, bits=4, layout=KVLayout(residual=4))
-    alone = [QuantizedKVLayer(LayerPlan((4, 4)), KVLayout(residual=4)) for _ in range(2)]
-    generator = torch.Generator().manual_seed(8)
-    for size in (9, 1, 2):
-        written = [[torch.randn(2, 2, size, 8, generator=generator) for _ in range(2)] for _ in range(2)]
-        want = [alone[layer].update(*written[layer]) for layer in range(2)]  # each a tensor of its own
-        keys0, values0 = cache.update(*written[0], 0)
-        assert torch.equal(keys0, want[0][0]) and torch.equal(values0, want[0][1])
-        assert set(cache.scratch.buffers) == {True, False}  # held while the forward runs
-        pointers = keys0.data_ptr(), values0.data_ptr()
-        keys1, values1 = cache.update(*written[1], 1)
-        assert (keys1.data_ptr(), values1.data_ptr()) == pointers  # layer 1 wrote over layer 0's
-        assert torch.equal(keys1, want[1][0]) and torch.equal(values1, want[1][1])
-        assert cache.scratch.buffers == {}  # released after the last layer
-    ids = prompt(9)
-    with torch.no_grad():
-        fresh = quantdiff.kv_cache(model, bits=4, layout=KVLayout(residual=4))
-        for layer in fresh.layers:
-            layer.scratch = None  # every read allocates, as before the scratch
-        assert torch.equal(greedy(model, ids, quantdiff.kv_cache(model, bits=4, layout=KVLayout(residual=4)))[1], greedy(model, ids, fresh)[1])
-
-
 def tiny_gemma3(window: int):
     """Gemma 3's layer pattern at toy size: two sliding-window layers, then a full-attention one."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig

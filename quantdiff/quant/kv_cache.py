@@ -13,9 +13,6 @@ a byte, packed along the channels; other widths one code a byte, int16 above 8 b
 zero-points; heads at 16 bits as computed. A kv plan (`quant.kv_plan`) sets each (layer, KV head)'s width and the
 positions kept at 16 bits (the sinks): their rows are stored as computed and left out of their block's key scales.
 
-Reads: every update dequantizes the layer's whole history into the tensor attention reads, one pair of tensors
-shared by the layers of a forward (`_Scratch`): what `update` returns is valid until the next layer's update.
-
 Sliding-window layers (Gemma 3's local layers) keep at most the window, as transformers' `DynamicSlidingWindowLayer`
 does: whole quantized blocks that no later query can see are dropped, and attention reads the last
 `window − 1` tokens plus the new ones.
@@ -127,14 +124,12 @@ class _Store:
                 self.zeros[width] = _cat(self.zeros.get(width), stored.zero)
         self.quantized += done
 
-    def read(self, last: int, scratch: _Scratch | None = None) -> torch.Tensor:
-        """The last `last` stored tokens, dequantized: (B, H, last, D) in the residual's dtype, written into
-        `scratch`'s tensor when given (else a new one). (A sliding layer's `drop_before` has already dropped every
-        block before them. narrow, not indexing: each step runs this per layer, and Python's indexing costs
-        microseconds a call.)"""
+    def read(self, last: int) -> torch.Tensor:
+        """The last `last` stored tokens, dequantized: (B, H, last, D) in the residual's dtype. (A sliding layer's
+        `drop_before` has already dropped every block before them. narrow, not indexing: each step runs this per
+        layer, and Python's indexing costs microseconds a call.)"""
         batch, heads, recent, row = self.residual.shape
-        shape = (batch, heads, self.quantized + recent, row)
-        out = torch.empty(shape, dtype=self.residual.dtype, device=self.residual.device) if scratch is None else scratch.take(self.keys, shape, self.residual)
+        out = torch.empty(batch, heads, self.quantized + recent, row, dtype=self.residual.dtype, device=self.residual.device)
         if self.quantized:
             quantized = out.narrow(2, 0, self.quantized)
             for width, index in self.indices.items():
@@ -209,26 +204,6 @@ def _cat(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
     return new if old is None else torch.cat([old, new], dim=2)
 
 
-class _Scratch:
-    """The two tensors (keys, values) a cache's `update` writes what attention reads into, shared by its layers for
-    one forward: a layer's are read by its attention before the next layer's update overwrites them, and dropped
-    after the last layer's, so nothing float is held between forwards. (A fresh tensor a read cost a page fault
-    every 4 KiB: glibc returns a freed block of that size to the system, 40% of a 4-bit read at 1,024 tokens.)"""
-
-    def __init__(self) -> None:
-        self.buffers: dict[bool, torch.Tensor] = {}
-
-    def take(self, keys: bool, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        size = shape[0] * shape[1] * shape[2] * shape[3]
-        buffer = self.buffers.get(keys)
-        if buffer is None or buffer.numel() < size or buffer.dtype != like.dtype or buffer.device != like.device:
-            buffer = self.buffers[keys] = torch.empty(size, dtype=like.dtype, device=like.device)
-        return buffer[:size].view(shape)
-
-    def release(self) -> None:
-        self.buffers.clear()
-
-
 class QuantizedKVLayer(DynamicLayer):
     """One decoder layer's quantized cache (transformers' `CacheLayerMixin` protocol, grown like `DynamicLayer`).
 
@@ -238,9 +213,8 @@ class QuantizedKVLayer(DynamicLayer):
 
     is_croppable = False  # crop would have to cut packed blocks and the kept rows apart; generate never needs it here
 
-    def __init__(self, layer: LayerPlan, layout: KVLayout = KIVI, sliding_window: int | None = None, scratch: _Scratch | None = None) -> None:
+    def __init__(self, layer: LayerPlan, layout: KVLayout = KIVI, sliding_window: int | None = None) -> None:
         super().__init__()
-        self.scratch = scratch
         self.plan = layer
         self.layout = layout
         self.sliding_window = sliding_window
@@ -265,7 +239,7 @@ class QuantizedKVLayer(DynamicLayer):
             if self.layout.residual == 0:
                 store.flush()
         visible = self.cumulative_length if self.sliding_window is None else min(self.cumulative_length, self.sliding_window - 1 + new)
-        keys, values = (store.read(visible, self.scratch) for store in stores)
+        keys, values = (store.read(visible) for store in stores)
         for store in stores:
             if self.layout.residual:
                 store.flush()
@@ -317,21 +291,11 @@ class QuantizedKVLayer(DynamicLayer):
 
 
 class QuantizedKVCache(Cache):
-    """A model's quantized KV cache: one `QuantizedKVLayer` per decoder layer. `nbytes()` counts what it stores.
+    """A model's quantized KV cache: one `QuantizedKVLayer` per decoder layer. `nbytes()` counts what it stores."""
 
-    The keys and values `update` returns are valid until the next layer's update: the layers write them into one
-    shared pair of tensors (`_Scratch`), as a model's forward reads each layer's before the next layer runs."""
-
-    def __init__(self, layers: list[QuantizedKVLayer], layout: KVLayout, scratch: _Scratch) -> None:
+    def __init__(self, layers: list[QuantizedKVLayer], layout: KVLayout) -> None:
         super().__init__(layers=layers)
         self.layout = layout
-        self.scratch = scratch
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        out = super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        if layer_idx == len(self.layers) - 1:
-            self.scratch.release()  # the forward's last layer: its attention holds what it reads, the cache nothing
-        return out
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
@@ -396,5 +360,4 @@ def kv_cache(model: nn.Module, plan: KVPlan | None = None, bits: int | None = No
         for width in set(layer.kv_bits) - {FULL_BITS}:
             layout.check_bits(width)
     windows = _windows(config)
-    scratch = _Scratch()
-    return QuantizedKVCache([QuantizedKVLayer(p, layout, w, scratch) for p, w in zip(layer_plans, windows)], layout, scratch)
+    return QuantizedKVCache([QuantizedKVLayer(p, layout, w) for p, w in zip(layer_plans, windows)], layout)

@@ -1,4 +1,5 @@
-"""KV-cache layouts (`quant.kv_layout`): the asymmetric quantizer is KIVI's, code for code; the `token` layout is
+"""KV-cache layouts (`quant.kv_layout`): the asymmetric quantizer and its dequantization are KIVI's, bit for bit
+(on random rows with an outlier channel and on SmolLM2's real keys and values); the `token` layout is
 the symmetric per-row absmax of `numerics`; a layout's name and JSON round-trip; bad layouts are refused."""
 
 import pytest
@@ -69,6 +70,26 @@ def test_values_per_token_are_kivis_codes(bits):
     assert torch.equal(got.scale, scale) and torch.equal(got.zero, mn)
     kivi = (codes.view(2, 3, 32, 2, 8) * scale + mn).view(x.shape)  # a multiply, then an add, as KIVI
     assert torch.equal(dequantize(got, x.dtype, per_channel=False), kivi)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_kivis_codes_and_dequantization_on_smollm2s_keys_and_values(smollm2_dir, bits):
+    """On a real model's cache (SmolLM2's first and last layers, 24 tokens: three key blocks of 8), the default
+    layout's codes, scales, zero-points and dequantized values are KIVI's, bit for bit."""
+    from tests.test_kv_engines import smollm2_keys_and_values
+
+    layout = KVLayout(residual=8)
+    for x, keys in smollm2_keys_and_values(smollm2_dir):
+        if keys:
+            codes, scale, mn = kivi_quant_and_pack_kcache(x.clone(), 8, bits)
+            got = quantize_key_blocks(x, bits, layout)
+            kivi = (codes.view(*x.shape[:2], 3, 8, x.shape[-1]) * scale + mn).view(x.shape)
+        else:
+            codes, scale, mn = kivi_quant_and_pack_vcache(x.clone(), x.shape[-1], bits)  # one group: a token's row
+            got = quantize_rows(x, bits, layout)
+            kivi = (codes.unsqueeze(-2) * scale + mn).view(x.shape)
+        assert torch.equal(got.codes.int(), codes) and torch.equal(got.scale, scale) and torch.equal(got.zero, mn)
+        assert torch.equal(dequantize(got, x.dtype, per_channel=keys), kivi)
 
 
 def test_the_token_layout_is_numerics_symmetric_row_absmax():

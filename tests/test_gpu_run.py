@@ -40,6 +40,7 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.pipeline  # ~2 one-core minutes: make test-isolation (CI) runs it, make test does not
 @pytest.mark.slow(seconds=115)
 @pytest.mark.skipif(corpus.find_rdata() is None and not (REPO / ".whl" / "corpus").is_dir(),
                     reason="corpus not installed (python -m quantdiff.data.corpus --install)")

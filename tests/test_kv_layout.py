@@ -74,8 +74,8 @@ def test_values_per_token_are_kivis_codes(bits):
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_kivis_codes_and_dequantization_on_smollm2s_keys_and_values(smollm2_dir, bits):
-    """On a real model's cache (SmolLM2's first and last layers, 24 tokens: three key blocks of 8), the default
-    layout's codes, scales, zero-points and dequantized values are KIVI's, bit for bit."""
+    """On a real model's cache (SmolLM2's first and last layers, 24 tokens: three key blocks of 8, KIVI's layout
+    with 8-token blocks), the codes, scales, zero-points and dequantized values are KIVI's, bit for bit."""
     from tests.test_kv_engines import smollm2_keys_and_values
 
     layout = KVLayout(residual=8)
